@@ -1,0 +1,1 @@
+"""The consumer runtime: inbox-deduplicated handlers, retries and a dead-letter topic."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of outboxkit's tables (version table ``alembic_version_outboxkit``)."""

@@ -1,0 +1,42 @@
+"""Alembic environment for outboxkit's own tables.
+
+It keeps its own version table, ``alembic_version_outboxkit``, so a host application with its
+own Alembic history can run these migrations beside its own without merging heads.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from outbox.db import make_engine
+from outbox.migrate import VERSION_TABLE
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        version_table=VERSION_TABLE,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    """Run against the connection the caller passed, or a new engine from ``sqlalchemy.url``."""
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = make_engine(context.config.get_main_option("sqlalchemy.url"))
+    try:
+        with engine.connect() as new_connection:
+            _run(new_connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("outboxkit migrations run online only: give a database URL")
+run_migrations_online()

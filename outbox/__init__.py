@@ -1,0 +1,16 @@
+"""outboxkit: write a change and its CloudEvent in one transaction; relay, consume, act once."""
+
+from outbox.errors import InvalidEventError, OutboxError, UnsupportedDatabaseError
+from outbox.events import EncodedEvent, encode_binary, new_event, new_event_id
+from outbox.writer import Outbox
+
+__all__ = [
+    "EncodedEvent",
+    "InvalidEventError",
+    "Outbox",
+    "OutboxError",
+    "UnsupportedDatabaseError",
+    "encode_binary",
+    "new_event",
+    "new_event_id",
+]

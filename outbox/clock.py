@@ -1,0 +1,23 @@
+"""The database clock, as epoch milliseconds, so every process compares times from one clock."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, literal_column
+from sqlalchemy.sql.elements import ColumnElement
+
+_NOW_MS_SQL = {
+    "postgresql": "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint",
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+}
+
+
+def db_now_ms(dialect_name: str) -> ColumnElement[int]:
+    """Return a SQL expression for the database's current time in epoch milliseconds."""
+    try:
+        return literal_column(_NOW_MS_SQL[dialect_name], BigInteger)
+    except KeyError:
+        from outbox.errors import UnsupportedDatabaseError
+
+        raise UnsupportedDatabaseError(
+            f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
+        ) from None

@@ -1,0 +1,64 @@
+"""Engines for outboxkit's own processes: URL driver selection and SQLite transaction set-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+_ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
+_SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def async_url(url: str) -> str:
+    """Return ``url`` with the async driver outboxkit uses for its backend."""
+    return _with_driver(url, _ASYNC_DRIVERS)
+
+
+def sync_url(url: str) -> str:
+    """Return ``url`` with the sync driver outboxkit uses for its backend."""
+    return _with_driver(url, _SYNC_DRIVERS)
+
+
+def _with_driver(url: str, drivers: dict[str, str]) -> str:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend not in drivers:
+        raise ValueError(f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://")
+    return parsed.set(drivername=drivers[backend]).render_as_string(hide_password=False)
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
+    engine = create_engine(sync_url(url), **kwargs)
+    if engine.dialect.name == "sqlite":
+        _use_immediate_transactions(engine)
+    return engine
+
+
+def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """Create an async engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
+    engine = create_async_engine(async_url(url), **kwargs)
+    if engine.dialect.name == "sqlite":
+        _use_immediate_transactions(engine.sync_engine)
+    return engine
+
+
+def _use_immediate_transactions(engine: Engine) -> None:
+    # pysqlite's own transaction handling defers BEGIN and then fails with "database is
+    # locked" on upgrade; taking the write lock at BEGIN makes writers queue on busy_timeout.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

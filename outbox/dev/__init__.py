@@ -1,0 +1,1 @@
+"""Development helpers: a real single-node Apache Kafka broker without Docker."""

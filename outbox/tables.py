@@ -1,0 +1,89 @@
+"""Table definitions of the outbox and of the relay's coordination state.
+
+Times are epoch milliseconds from the database clock (see :mod:`outbox.clock`), so relays on
+different hosts compare leases against one clock.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY.
+_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+outbox_events = Table(
+    "outbox_events",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+    Column("source", String(512), nullable=False),
+    Column("event_id", String(256), nullable=False),
+    Column("type", String(256), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("kafka_key", LargeBinary, nullable=True),
+    Column("shard", SmallInteger, nullable=False),
+    Column("headers", Text, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("available_ms", BigInteger, nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_error", Text, nullable=True),
+    Column("lease_token", String(36), nullable=True),
+    Column("lease_until_ms", BigInteger, nullable=True),
+    Column("published_ms", BigInteger, nullable=True),
+    Column("parked_ms", BigInteger, nullable=True),
+    UniqueConstraint("source", "event_id", name="uq_outbox_events_source_event_id"),
+)
+
+# The relay's only hot query walks this partial index; published rows kept for retention
+# never enter it, so it stays as small as the backlog.
+Index(
+    "ix_outbox_events_pending",
+    outbox_events.c.shard,
+    outbox_events.c.id,
+    postgresql_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),
+    sqlite_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),
+)
+Index(
+    "ix_outbox_events_published",
+    outbox_events.c.published_ms,
+    postgresql_where=outbox_events.c.published_ms.is_not(None),
+    sqlite_where=outbox_events.c.published_ms.is_not(None),
+)
+Index(
+    "ix_outbox_events_parked",
+    outbox_events.c.parked_ms,
+    postgresql_where=outbox_events.c.parked_ms.is_not(None),
+    sqlite_where=outbox_events.c.parked_ms.is_not(None),
+)
+
+outbox_relays = Table(
+    "outbox_relays",
+    metadata,
+    Column("relay_id", String(64), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_ms", BigInteger, nullable=False),
+    Column("heartbeat_ms", BigInteger, nullable=False),
+)
+
+outbox_shard_leases = Table(
+    "outbox_shard_leases",
+    metadata,
+    Column("shard", SmallInteger, primary_key=True, autoincrement=False),
+    Column("holder", String(64), nullable=True),
+    Column("expires_ms", BigInteger, nullable=False, default=0),
+)

@@ -1,0 +1,109 @@
+"""Adding events to the caller's open transaction (sync ``Session`` or ``AsyncSession``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from cloudevents.core.v1.event import CloudEvent
+from sqlalchemy import Insert
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.clock import db_now_ms
+from outbox.errors import InvalidEventError, UnsupportedDatabaseError
+from outbox.events import EncodedEvent, encode_binary
+from outbox.sharding import shard_for
+from outbox.tables import outbox_events
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_DIALECT_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+
+
+class Outbox:
+    """Writes CloudEvents into the outbox table inside the caller's transaction.
+
+    It never commits: the event exists exactly when the caller's transaction commits. Topics are
+    chosen per call (``topic=``), else from ``topics`` by event type, else ``default_topic``.
+
+    A second event with the same ``(source, id)`` as a row still in the table is a documented
+    no-op: :meth:`add` returns ``False`` and nothing is written, so a deterministic id makes
+    publishing idempotent for as long as published rows are retained.
+    """
+
+    def __init__(
+        self, topics: Mapping[str, str] | None = None, default_topic: str | None = None
+    ) -> None:
+        self.topics = dict(topics or {})
+        self.default_topic = default_topic
+        for topic in [*self.topics.values(), default_topic]:
+            if topic is not None:
+                _check_topic(topic)
+
+    def topic_for(self, event_type: str, topic: str | None = None) -> str:
+        """Return the topic for an event type, or raise :class:`InvalidEventError` if none."""
+        chosen = topic or self.topics.get(event_type) or self.default_topic
+        if chosen is None:
+            raise InvalidEventError(
+                f"no topic for event type {event_type!r}: pass topic= or configure topics"
+            )
+        _check_topic(chosen)
+        return chosen
+
+    def add(self, session: Session, event: CloudEvent, *, topic: str | None = None) -> bool:
+        """Add ``event`` to the session's transaction; return ``False`` if it was a duplicate."""
+        if isinstance(session, AsyncSession) or not isinstance(session, Session):
+            raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
+        statement = self._insert(session.get_bind().dialect.name, event, topic)
+        return session.execute(statement).first() is not None
+
+    async def add_async(
+        self, session: AsyncSession, event: CloudEvent, *, topic: str | None = None
+    ) -> bool:
+        """Add ``event`` to the async session's transaction; ``False`` if it was a duplicate."""
+        if not isinstance(session, AsyncSession):
+            raise TypeError("Outbox.add_async takes an AsyncSession; use outbox.add(...)")
+        statement = self._insert(session.get_bind().dialect.name, event, topic)
+        return (await session.execute(statement)).first() is not None
+
+    def _insert(self, dialect_name: str, event: CloudEvent, topic: str | None) -> Insert:
+        encoded = encode_binary(event)
+        return insert_encoded(dialect_name, encoded, self.topic_for(encoded.type, topic))
+
+
+def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Insert:
+    """Build the idempotent INSERT of one encoded event (``ON CONFLICT DO NOTHING``)."""
+    try:
+        dialect_insert = _DIALECT_INSERTS[dialect_name]
+    except KeyError:
+        raise UnsupportedDatabaseError(
+            f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
+        ) from None
+    now = db_now_ms(dialect_name)
+    values: dict[str, Any] = {
+        "source": encoded.source,
+        "event_id": encoded.id,
+        "type": encoded.type,
+        "topic": topic,
+        "kafka_key": encoded.key,
+        "shard": shard_for(encoded.key, encoded.id),
+        "headers": json.dumps(encoded.headers, separators=(",", ":")),
+        "payload": encoded.payload,
+        "created_ms": now,
+        "available_ms": now,
+        "attempts": 0,
+    }
+    return (
+        dialect_insert(outbox_events)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["source", "event_id"])
+        .returning(outbox_events.c.id)
+    )
+
+
+def _check_topic(topic: str) -> None:
+    if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+        raise InvalidEventError(f"invalid Kafka topic name {topic!r}")

@@ -1,0 +1,1 @@
+"""The relay: publishes committed outbox rows to Kafka, in order per key."""

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs PostgreSQL from Debian's packages if needed, starts the cluster, and gives the
+# postgres user a password for TCP logins on 127.0.0.1. Idempotent. Prints the URL to use.
+set -euo pipefail
+PG_PASSWORD="${OUTBOXKIT_PG_PASSWORD:-postgres}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+fi
+read -r VERSION CLUSTER PORT STATUS _ < <(pg_lsclusters --no-header | head -n 1)
+if [ -z "${VERSION:-}" ]; then
+  VERSION=$(ls /usr/lib/postgresql | sort -n | tail -n 1)
+  $SUDO pg_createcluster "$VERSION" main >/dev/null
+  read -r VERSION CLUSTER PORT STATUS _ < <(pg_lsclusters --no-header | head -n 1)
+fi
+if [ "$STATUS" != "online" ]; then
+  # More connections than the default 100: tests run several relays and consumers at once.
+  $SUDO pg_conftool "$VERSION" "$CLUSTER" set max_connections 300 >/dev/null
+  $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" start
+fi
+for _ in $(seq 1 60); do
+  pg_isready -q -h 127.0.0.1 -p "$PORT" && break
+  sleep 0.5
+done
+SQL="ALTER USER postgres PASSWORD '${PG_PASSWORD}'"
+if [ -z "$SUDO" ]; then
+  su postgres -c "psql -q -p $PORT -c \"$SQL\"" >/dev/null
+else
+  sudo -u postgres psql -q -p "$PORT" -c "$SQL" >/dev/null
+fi
+echo "postgresql://postgres:${PG_PASSWORD}@127.0.0.1:${PORT}/postgres"

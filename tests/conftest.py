@@ -1,0 +1,89 @@
+"""Fixtures: a real Kafka broker, throwaway PostgreSQL databases, migrated SQLite files."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytest_postgresql.janitor import DatabaseJanitor
+from sqlalchemy.engine import make_url
+
+from outbox.dev.kafka import KafkaBroker
+from outbox.migrate import upgrade
+
+DEFAULT_PG_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a real broker: ``OUTBOXKIT_KAFKA_BOOTSTRAP`` or one we start."""
+    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaBroker]:
+    """A broker of the test's own, for tests that stop and restart it."""
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name no other test uses."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database, dropped after the test.
+
+    The server comes from ``OUTBOXKIT_TEST_PG_URL`` (default: postgres on 127.0.0.1:5432, which
+    ``scripts/start-postgres.sh`` sets up).
+    """
+    server = make_url(os.environ.get("OUTBOXKIT_TEST_PG_URL", DEFAULT_PG_URL))
+    dbname = f"outboxkit_test_{uuid.uuid4().hex[:10]}"
+    janitor = DatabaseJanitor(
+        user=server.username,
+        host=server.host,
+        port=server.port or 5432,
+        dbname=dbname,
+        password=server.password,
+    )
+    janitor.init()
+    url = server.set(database=dbname).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a fresh, migrated SQLite file."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test using it runs once on SQLite and once on PostgreSQL."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    return request.getfixturevalue(fixture)

@@ -1,0 +1,58 @@
+"""Reading topics back from the real broker in tests, waiting on a condition with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
+
+T = TypeVar("T")
+
+
+async def read_topic(
+    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
+) -> list[ConsumerRecord]:
+    """Read ``topic`` from the beginning until ``expected`` records or the deadline.
+
+    It keeps reading a little after reaching ``expected`` so that extra records (duplicates)
+    that are already in the topic are seen too.
+    """
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            fetched = [r for rs in batch.values() for r in rs]
+            records.extend(fetched)
+            if len(records) >= expected and not fetched:
+                break
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def wait_for(
+    probe: Callable[[], T], done: Callable[[T], bool], timeout: float, what: str
+) -> T:
+    """Call ``probe`` (sync or async) until ``done(result)`` or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if done(result):
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {result}")
+        await asyncio.sleep(0.1)
