@@ -174,8 +174,19 @@ class KafkaBroker:
         log_option = f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}"
         if not self._formatted:
             result = subprocess.run(
-                ["java", log_option, "-cp", classpath, "kafka.tools.StorageTool", "format"]
-                + ["-t", _cluster_id(), "-c", str(config), "--ignore-formatted"],
+                [
+                    "java",
+                    log_option,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    _cluster_id(),
+                    "-c",
+                    str(config),
+                    "--ignore-formatted",
+                ],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -185,8 +196,16 @@ class KafkaBroker:
             self._formatted = True
         stdout = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - lives with the process
         self._process = subprocess.Popen(
-            ["java", "-Xms256m", "-Xmx512m", log_option, "-cp", classpath]
-            + ["kafka.Kafka", str(config)],
+            [
+                "java",
+                "-Xms256m",
+                "-Xmx512m",
+                log_option,
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(config),
+            ],
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
