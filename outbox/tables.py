@@ -48,11 +48,10 @@ outbox_events = Table(
     UniqueConstraint("source", "event_id", name="uq_outbox_events_source_event_id"),
 )
 
-# The relay's only hot query walks this partial index; published rows kept for retention
-# never enter it, so it stays as small as the backlog.
+# The relay's claim walks this partial index in id order and filters its shards; published
+# rows kept for retention never enter it, so it stays as small as the backlog.
 Index(
     "ix_outbox_events_pending",
-    outbox_events.c.shard,
     outbox_events.c.id,
     postgresql_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),
     sqlite_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),

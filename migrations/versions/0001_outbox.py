@@ -45,7 +45,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_outbox_events_pending",
         "outbox_events",
-        ["shard", "id"],
+        ["id"],
         postgresql_where=pending,
         sqlite_where=pending,
     )

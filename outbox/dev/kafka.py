@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -220,7 +221,7 @@ class KafkaBroker:
                 raise KafkaLauncherError(
                     f"broker exited with {self._process.returncode}; see {self.log_file}"
                 )
-            if asyncio.run(_metadata_ok(self.bootstrap)):
+            if _metadata_ok_blocking(self.bootstrap):
                 return
             time.sleep(0.3)
         self.stop()
@@ -247,6 +248,15 @@ class KafkaBroker:
         """Stop the broker and delete its data directory."""
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _metadata_ok_blocking(bootstrap: str) -> bool:
+    # A thread of its own, so the launcher also works when called from a running event loop.
+    answers: list[bool] = []
+    probe = threading.Thread(target=lambda: answers.append(asyncio.run(_metadata_ok(bootstrap))))
+    probe.start()
+    probe.join()
+    return bool(answers and answers[0])
 
 
 async def _metadata_ok(bootstrap: str) -> bool:

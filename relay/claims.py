@@ -1,0 +1,177 @@
+"""Claiming outbox rows for publication and settling them afterwards, in batched statements.
+
+A claim reads the oldest pending rows of the shards this relay leases (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL), and stamps the chosen ones with a lease token and expiry. Settling
+(published, failed, released) only touches rows that still carry that token, so a relay that
+lost its lease changes nothing with a late update.
+
+Per-key order: a row whose earlier sibling (same Kafka key) is waiting for a retry or is leased
+by another relay blocks the rest of its key in that batch, so a key never overtakes itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.clock import db_now_ms
+from outbox.tables import outbox_events, outbox_shard_leases
+
+PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """One outbox row claimed for publication."""
+
+    id: int
+    topic: str
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    payload: bytes
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A row whose publication failed for a reason of its own (not an outage)."""
+
+    row: ClaimedRow
+    error: str
+
+
+class Claims:
+    """Claim and settle outbox rows for one relay."""
+
+    def __init__(self, engine: AsyncEngine, relay_id: str, lease_ms: int) -> None:
+        self.engine = engine
+        self.relay_id = relay_id
+        self.lease_ms = lease_ms
+        self._now = db_now_ms(engine.dialect.name)
+
+    async def claim(self, token: str, limit: int) -> list[ClaimedRow]:
+        """Claim up to ``limit`` rows of this relay's leased shards, oldest first."""
+        my_shards = select(outbox_shard_leases.c.shard).where(
+            outbox_shard_leases.c.holder == self.relay_id,
+            outbox_shard_leases.c.expires_ms > self._now,
+        )
+        query = (
+            select(
+                outbox_events.c.id,
+                outbox_events.c.topic,
+                outbox_events.c.kafka_key,
+                outbox_events.c.headers,
+                outbox_events.c.payload,
+                outbox_events.c.attempts,
+                outbox_events.c.available_ms,
+                outbox_events.c.lease_until_ms,
+                self._now.label("now_ms"),
+            )
+            .where(PENDING, outbox_events.c.shard.in_(my_shards.scalar_subquery()))
+            .order_by(outbox_events.c.id)
+            .limit(limit)
+            .with_for_update(of=outbox_events, skip_locked=True)
+        )
+        async with self.engine.begin() as conn:
+            candidates = (await conn.execute(query)).all()
+            chosen = _claimable(candidates)
+            if not chosen:
+                return []
+            now_ms = candidates[0].now_ms
+            await conn.execute(
+                update(outbox_events)
+                .where(outbox_events.c.id.in_([row.id for row in chosen]))
+                .values(lease_token=token, lease_until_ms=now_ms + self.lease_ms)
+            )
+        return [
+            ClaimedRow(
+                id=row.id,
+                topic=row.topic,
+                key=row.kafka_key,
+                headers=[(k, v.encode()) for k, v in json.loads(row.headers).items()],
+                payload=row.payload,
+                attempts=row.attempts,
+            )
+            for row in chosen
+        ]
+
+    async def settle(
+        self,
+        token: str,
+        published: Sequence[ClaimedRow],
+        failed: Sequence[Failure],
+        released: Sequence[ClaimedRow],
+        *,
+        delete_published: bool,
+        max_attempts: int,
+        retry_delay_ms: Callable[[int], int],
+    ) -> int:
+        """Record a batch's outcome in one transaction; return how many published rows matched.
+
+        ``published`` rows are marked (or deleted), ``failed`` rows count an attempt and are
+        parked after ``max_attempts``, ``released`` rows go back untouched for the next claim.
+        """
+        mine = outbox_events.c.lease_token == token
+        matched = 0
+        async with self.engine.begin() as conn:
+            if published:
+                ids = [row.id for row in published]
+                if delete_published:
+                    statement = delete(outbox_events).where(outbox_events.c.id.in_(ids), mine)
+                else:
+                    statement = (
+                        update(outbox_events)
+                        .where(outbox_events.c.id.in_(ids), mine)
+                        .values(published_ms=self._now, lease_token=None, lease_until_ms=None)
+                    )
+                matched = (await conn.execute(statement)).rowcount
+            for failure in failed:
+                attempts = failure.row.attempts + 1
+                values = {
+                    "attempts": attempts,
+                    "last_error": failure.error[:2000],
+                    "lease_token": None,
+                    "lease_until_ms": None,
+                }
+                if attempts >= max_attempts:
+                    values["parked_ms"] = self._now
+                else:
+                    values["available_ms"] = self._now + retry_delay_ms(attempts)
+                await conn.execute(
+                    update(outbox_events)
+                    .where(outbox_events.c.id == failure.row.id, mine)
+                    .values(values)
+                )
+            if released:
+                await conn.execute(
+                    update(outbox_events)
+                    .where(outbox_events.c.id.in_([row.id for row in released]), mine)
+                    .values(lease_token=None, lease_until_ms=None)
+                )
+        return matched
+
+    async def pending_count(self) -> int:
+        """Rows not yet published nor parked (all shards)."""
+        async with self.engine.connect() as conn:
+            return await conn.scalar(select(func.count()).select_from(outbox_events).where(PENDING))
+
+
+def _claimable(candidates: Sequence) -> list:
+    blocked: set[bytes] = set()
+    chosen = []
+    for row in candidates:
+        key = row.kafka_key
+        if key is not None and key in blocked:
+            continue
+        waiting = row.available_ms > row.now_ms
+        leased_elsewhere = row.lease_until_ms is not None and row.lease_until_ms > row.now_ms
+        if waiting or leased_elsewhere:
+            if key is not None:
+                blocked.add(key)
+            continue
+        chosen.append(row)
+    return chosen

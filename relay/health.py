@@ -1,0 +1,34 @@
+"""One log line per change of a dependency's state, not one per failed attempt."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("outboxkit.relay")
+
+
+class DependencyHealth:
+    """Tracks whether a dependency (database, Kafka) works and logs only the transitions."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 0
+
+    @property
+    def healthy(self) -> bool:
+        """True while the last attempt succeeded."""
+        return self.failures == 0
+
+    def failed(self, error: BaseException) -> int:
+        """Record a failure; return how many happened in a row."""
+        self.failures += 1
+        if self.failures == 1:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            log.warning("%s unavailable: %s %s; retrying", self.name, type(error).__name__, reason)
+        return self.failures
+
+    def succeeded(self) -> None:
+        """Record a success; logs recovery after failures."""
+        if self.failures:
+            log.info("%s available again after %d failed attempts", self.name, self.failures)
+        self.failures = 0

@@ -1,0 +1,69 @@
+"""Waking the relay at once on commit: PostgreSQL LISTEN on the channel the outbox trigger uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from outbox.backoff import Backoff
+
+CHANNEL = "outboxkit_outbox"
+log = logging.getLogger("outboxkit.relay")
+
+
+class CommitListener:
+    """Keeps one asyncpg connection listening; sets ``wake`` on every notification.
+
+    If the connection drops it reconnects with backoff; meanwhile the relay falls back to polling.
+    """
+
+    def __init__(self, db_url: str, wake: asyncio.Event) -> None:
+        url = make_url(db_url)
+        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._wake = wake
+        self._task: asyncio.Task | None = None
+        self._backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
+
+    def start(self) -> None:
+        """Start listening in the background."""
+        self._task = asyncio.create_task(self._run(), name="outboxkit-listen")
+
+    async def stop(self) -> None:
+        """Stop listening and close the connection."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            lost = asyncio.Event()
+            try:
+                connection = await asyncpg.connect(self._dsn, timeout=10)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+                attempt += 1
+                if attempt == 1:
+                    log.warning("LISTEN unavailable, polling meanwhile: %s", error)
+                await asyncio.sleep(self._backoff.delay(attempt))
+                continue
+            try:
+                connection.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await connection.add_listener(CHANNEL, lambda *_: self._wake.set())
+                if attempt:
+                    log.info("LISTEN restored")
+                attempt = 0
+                self._wake.set()  # catch up on anything committed while we were away
+                await lost.wait()
+                log.warning("LISTEN connection lost, polling meanwhile")
+            finally:
+                await asyncio.shield(_close(connection))
+
+
+async def _close(connection: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(connection.close(), 5)
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        connection.terminate()

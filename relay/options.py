@@ -1,0 +1,45 @@
+"""Tuning knobs of the relay, with defaults suited to production."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from outbox.backoff import Backoff
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """How the relay claims, publishes, retries and cleans up.
+
+    ``lease_ttl_s`` bounds how long a dead relay's shards and claimed rows stay blocked; it must
+    be well above ``kafka_request_timeout_ms`` so a batch never outlives its lease.
+    ``retention_s`` of 0 deletes rows once published; otherwise they are kept (and deduplicate
+    ``(source, id)``) for that long and deleted in chunks of ``cleanup_chunk``.
+    """
+
+    batch_size: int = 500
+    lease_ttl_s: float = 30.0
+    poll_interval_s: float = 1.0
+    max_attempts: int = 10
+    row_backoff: Backoff = field(default_factory=lambda: Backoff(base_s=1.0, cap_s=300.0))
+    outage_backoff: Backoff = field(
+        default_factory=lambda: Backoff(base_s=0.2, cap_s=10.0, floor_s=0.05)
+    )
+    retention_s: float = 7 * 24 * 3600.0
+    cleanup_interval_s: float = 60.0
+    cleanup_chunk: int = 5000
+    kafka_request_timeout_ms: int = 10_000
+    linger_ms: int = 5
+    max_batch_bytes: int = 512 * 1024
+    max_request_size: int = 1024 * 1024
+    listen: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.lease_ttl_s * 1000 < 2 * self.kafka_request_timeout_ms:
+            raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.retention_s < 0:
+            raise ValueError("retention_s must not be negative")

@@ -1,0 +1,182 @@
+"""Sending claimed rows to Kafka with an idempotent aiokafka producer, keeping per-key order.
+
+Rows are handed to the producer one after the other (aiokafka batches them per partition; with
+idempotence there is one in-flight batch per partition, so order within a partition is strict),
+then all acknowledgements are awaited together. Outcomes are sorted into published, failed for
+a reason of the row's own (counts an attempt), and released because of an outage or because an
+earlier row of the same key failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+    UnsupportedForMessageFormatError,
+)
+
+from relay.claims import ClaimedRow, Failure
+
+log = logging.getLogger("outboxkit.relay")
+
+# Errors that belong to the record, not to the broker's health: retrying them soon will fail
+# again, so they count an attempt and eventually park the row.
+RECORD_ERRORS = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
+    CorruptRecordException,
+    UnsupportedForMessageFormatError,
+)
+
+
+class KafkaUnavailable(Exception):
+    """The broker could not be reached; the batch was released untouched."""
+
+
+@dataclass
+class BatchOutcome:
+    """What happened to each row of one batch."""
+
+    published: list[ClaimedRow] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
+    released: list[ClaimedRow] = field(default_factory=list)
+    outage: BaseException | None = None
+
+
+class Publisher:
+    """An idempotent (acks=all) producer that publishes batches of claimed rows."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        request_timeout_ms: int,
+        linger_ms: int,
+        max_batch_bytes: int,
+        max_request_size: int,
+        client_id: str,
+    ) -> None:
+        self._config = {
+            "bootstrap_servers": bootstrap,
+            "enable_idempotence": True,
+            "acks": "all",
+            "request_timeout_ms": request_timeout_ms,
+            "linger_ms": linger_ms,
+            "max_batch_size": max_batch_bytes,
+            "max_request_size": max_request_size,
+            "client_id": client_id,
+        }
+        self._producer: AIOKafkaProducer | None = None
+        self._timeout_s = request_timeout_ms / 1000
+
+    async def start(self) -> None:
+        """Connect; raises :class:`KafkaUnavailable` when no broker answers."""
+        if self._producer is not None:
+            return
+        producer = AIOKafkaProducer(**self._config)
+        try:
+            await producer.start()
+        except KafkaError as error:
+            await _stop_quietly(producer, self._timeout_s)
+            raise KafkaUnavailable(str(error) or type(error).__name__) from error
+        self._producer = producer
+
+    async def reset(self) -> None:
+        """Drop the producer after an outage; the next start gets a fresh producer id."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await _stop_quietly(producer, self._timeout_s)
+
+    async def stop(self) -> None:
+        """Flush and close the producer."""
+        await self.reset()
+
+    async def publish(self, rows: list[ClaimedRow]) -> BatchOutcome:
+        """Send ``rows`` in order and sort every row into an outcome."""
+        await self.start()
+        producer = self._producer
+        assert producer is not None
+        outcome = BatchOutcome()
+        failed_keys: set[bytes] = set()
+        missing_topics: dict[str, str] = {}
+        pending: list[tuple[ClaimedRow, asyncio.Future]] = []
+        for index, row in enumerate(rows):
+            if row.key is not None and row.key in failed_keys:
+                outcome.released.append(row)
+                continue
+            if row.topic in missing_topics:
+                self._fail(outcome, failed_keys, row, missing_topics[row.topic])
+                continue
+            try:
+                future = await producer.send(
+                    row.topic, value=row.payload, key=row.key, headers=row.headers
+                )
+            except RECORD_ERRORS as error:
+                self._fail(outcome, failed_keys, row, _describe(error))
+                continue
+            except UnknownTopicOrPartitionError as error:
+                if await self._broker_reachable():
+                    missing_topics[row.topic] = f"topic {row.topic!r} does not exist"
+                    self._fail(outcome, failed_keys, row, missing_topics[row.topic])
+                    continue
+                outcome.outage = error
+            except KafkaError as error:
+                outcome.outage = error
+            if outcome.outage is not None:
+                outcome.released.extend(rows[index:])
+                break
+            pending.append((row, future))
+        results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
+        for (row, _), result in zip(pending, results, strict=True):
+            if not isinstance(result, BaseException):
+                if row.key is not None and row.key in failed_keys:
+                    # Landed after an earlier row of its key failed: it stays published (it is
+                    # in Kafka); the failed row will follow it. Logged, as it is an inversion.
+                    log.warning("row %s of a key with a failed earlier row was published", row.id)
+                outcome.published.append(row)
+            elif isinstance(result, RECORD_ERRORS):
+                self._fail(outcome, failed_keys, row, _describe(result))
+            else:
+                outcome.outage = outcome.outage or result
+                outcome.released.append(row)
+                if row.key is not None:
+                    failed_keys.add(row.key)
+        return outcome
+
+    @staticmethod
+    def _fail(outcome: BatchOutcome, failed_keys: set[bytes], row: ClaimedRow, error: str) -> None:
+        outcome.failed.append(Failure(row, error))
+        if row.key is not None:
+            failed_keys.add(row.key)
+
+    async def _broker_reachable(self) -> bool:
+        assert self._producer is not None
+        try:
+            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), self._timeout_s)
+            return True
+        except (KafkaError, TimeoutError):
+            return False
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+async def _stop_quietly(producer: AIOKafkaProducer, timeout_s: float) -> None:
+    with contextlib.suppress(KafkaError, TimeoutError, OSError):
+        await asyncio.wait_for(producer.stop(), timeout_s)

@@ -1,0 +1,197 @@
+"""The relay loop: heartbeat and shard leases, claim, publish, settle, clean up, wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from outbox.db import make_async_engine
+from relay.claims import Claims
+from relay.health import DependencyHealth
+from relay.leases import ShardLeases
+from relay.notify import CommitListener
+from relay.options import RelayOptions
+from relay.publisher import KafkaUnavailable, Publisher
+from relay.retention import delete_published
+
+log = logging.getLogger("outboxkit.relay")
+DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
+
+
+@dataclass
+class RelayStats:
+    """Counters of one relay process since it started."""
+
+    published: int = 0
+    failed: int = 0
+    batches: int = 0
+    cleaned: int = 0
+
+
+class Relay:
+    """Publishes committed outbox rows to Kafka, at least once and in order per key.
+
+    Several relays may run against one PostgreSQL database; each publishes the shards it
+    leases. ``run`` works until ``stop`` is set (SIGTERM in the CLI), ``drain`` until nothing
+    is pending.
+    """
+
+    def __init__(
+        self,
+        db_url: str,
+        bootstrap: str,
+        options: RelayOptions | None = None,
+        relay_id: str | None = None,
+    ) -> None:
+        self.options = options or RelayOptions()
+        self.db_url = db_url
+        self.relay_id = relay_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stats = RelayStats()
+        self.engine = make_async_engine(db_url, pool_pre_ping=True)
+        lease_ms = int(self.options.lease_ttl_s * 1000)
+        self.leases = ShardLeases(
+            self.engine, self.relay_id, socket.gethostname(), os.getpid(), lease_ms
+        )
+        self.claims = Claims(self.engine, self.relay_id, lease_ms)
+        self.publisher = Publisher(
+            bootstrap,
+            request_timeout_ms=self.options.kafka_request_timeout_ms,
+            linger_ms=self.options.linger_ms,
+            max_batch_bytes=self.options.max_batch_bytes,
+            max_request_size=self.options.max_request_size,
+            client_id=f"outboxkit-relay-{self.relay_id}",
+        )
+        self.database = DependencyHealth("database")
+        self.kafka = DependencyHealth("kafka")
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event | None = None, *, until_drained: bool = False) -> None:
+        """Relay until ``stop`` is set (or, with ``until_drained``, until nothing is pending)."""
+        stop = stop or asyncio.Event()
+        listener = None
+        if self.options.listen and self.engine.dialect.name == "postgresql":
+            listener = CommitListener(self.db_url, self._wake)
+            listener.start()
+        log.info("relay %s started", self.relay_id)
+        try:
+            await self._loop(stop, until_drained)
+        finally:
+            if listener is not None:
+                await listener.stop()
+            await self._shutdown()
+
+    async def drain(self, timeout: float = 120.0) -> int:
+        """Publish until no row is pending; return how many rows this call published."""
+        before = self.stats.published
+        await asyncio.wait_for(self.run(until_drained=True), timeout)
+        return self.stats.published - before
+
+    async def _loop(self, stop: asyncio.Event, until_drained: bool) -> None:
+        heartbeat_every = self.options.lease_ttl_s / 3
+        next_heartbeat = 0.0
+        next_cleanup = time.monotonic() + self.options.cleanup_interval_s
+        while not stop.is_set():
+            try:
+                if time.monotonic() >= next_heartbeat:
+                    owned = await self.leases.heartbeat()
+                    next_heartbeat = time.monotonic() + heartbeat_every
+                    if not owned:
+                        log.debug("no shard leased; waiting")
+                self._wake.clear()
+                claimed = await self._relay_one_batch()
+                if self.options.retention_s and time.monotonic() >= next_cleanup:
+                    self.stats.cleaned += await delete_published(
+                        self.engine,
+                        int(self.options.retention_s * 1000),
+                        self.options.cleanup_chunk,
+                    )
+                    next_cleanup = time.monotonic() + self.options.cleanup_interval_s
+                self.database.succeeded()
+            except DATABASE_ERRORS as error:
+                attempt = self.database.failed(error)
+                await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            except KafkaUnavailable as error:
+                attempt = self.kafka.failed(error)
+                await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            if claimed >= self.options.batch_size:
+                continue
+            if until_drained and claimed == 0 and await self.claims.pending_count() == 0:
+                return
+            await _wait_any(stop, self._wake, self.options.poll_interval_s)
+
+    async def _relay_one_batch(self) -> int:
+        await self.publisher.start()  # before claiming, so an outage leaves no row leased
+        token = str(uuid.uuid4())
+        rows = await self.claims.claim(token, self.options.batch_size)
+        if not rows:
+            return 0
+        outcome = await self.publisher.publish(rows)
+        matched = await self.claims.settle(
+            token,
+            outcome.published,
+            outcome.failed,
+            outcome.released,
+            delete_published=self.options.retention_s == 0,
+            max_attempts=self.options.max_attempts,
+            retry_delay_ms=lambda attempt: int(self.options.row_backoff.delay(attempt) * 1000),
+        )
+        self.stats.batches += 1
+        self.stats.published += len(outcome.published)
+        self.stats.failed += len(outcome.failed)
+        if matched < len(outcome.published):
+            log.warning(
+                "lease lost for %d published rows; another relay will publish them again",
+                len(outcome.published) - matched,
+            )
+        for failure in outcome.failed:
+            log.warning(
+                "row %s failed (attempt %d of %d): %s",
+                failure.row.id,
+                failure.row.attempts + 1,
+                self.options.max_attempts,
+                failure.error,
+            )
+        if outcome.outage is not None:
+            await self.publisher.reset()
+            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+        self.kafka.succeeded()
+        return len(rows)
+
+    async def _shutdown(self) -> None:
+        try:
+            await self.leases.release_all()
+        except DATABASE_ERRORS as error:
+            log.warning("could not release shard leases (they expire on their own): %s", error)
+        await self.publisher.stop()
+        await self.engine.dispose()
+        log.info(
+            "relay %s stopped: %d published, %d failed attempts",
+            self.relay_id,
+            self.stats.published,
+            self.stats.failed,
+        )
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, timeout: float) -> None:
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
