@@ -130,3 +130,19 @@ async def test_poison_row_is_parked_with_its_error_while_others_go_through(
     assert parked.kafka_key == b"poison"
     assert parked.attempts == 3
     assert "MessageSizeTooLarge" in parked.last_error
+
+
+async def test_published_rows_are_kept_then_deleted_in_chunks(
+    sqlite_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    from relay.retention import delete_published
+
+    write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(25)])
+    relay = Relay(sqlite_url, kafka_bootstrap, FAST)
+    assert await relay.drain(timeout=60) == 25
+    engine = relay.engine
+    assert await delete_published(engine, retention_ms=3_600_000, chunk=10) == 0
+    assert table_counts(sqlite_url)["total"] == 25
+    assert await delete_published(engine, retention_ms=-1000, chunk=10) == 25
+    await engine.dispose()
+    assert table_counts(sqlite_url)["total"] == 0

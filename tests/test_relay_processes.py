@@ -8,7 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from outbox import Outbox, new_event
@@ -205,3 +206,36 @@ async def test_second_relay_on_sqlite_waits_for_the_first(
     assert published_by(tmp_path / "first.log") == 500
     assert published_by(tmp_path / "second.log") == 0
     check_order(await read_topic(kafka_bootstrap, topic, expected=500), 500, False)
+
+
+def terminate_backends(url: str, database: str) -> int:
+    """Cut every connection to ``database`` but our own, as a failover or restart would."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        count = conn.scalar(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = :db AND pid <> pg_backend_pid()"
+            ),
+            {"db": database},
+        )
+    engine.dispose()
+    return count
+
+
+async def test_database_connections_cut_under_the_relay_loses_nothing(
+    pg_url: str, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    database = make_url(pg_url).database
+    write_sequence(pg_url, topic, 0, 3000)
+    relay = start_cli(relay_args(pg_url, kafka_bootstrap, "--batch-size", "50"), tmp_path / "r.log")
+    cuts = 0
+    try:
+        for threshold in (300, 1200, 2100):
+            await wait_for(lambda: published_count(pg_url), lambda n, t=threshold: n >= t, 60, "")
+            cuts += terminate_backends(pg_url, database) > 0
+        await wait_for(lambda: published_count(pg_url), lambda n: n == 3000, 120, "all published")
+    finally:
+        assert terminate(relay) == 0
+    assert cuts == 3
+    check_order(await read_topic(kafka_bootstrap, topic, expected=3000), 3000, True)
