@@ -53,22 +53,25 @@ class Claims:
         self.lease_ms = lease_ms
         self._now = db_now_ms(engine.dialect.name)
 
-    async def claim(self, token: str, limit: int) -> list[ClaimedRow]:
-        """Claim up to ``limit`` rows of this relay's leased shards, oldest first."""
+    async def claim(
+        self, token: str, limit: int, in_flight: frozenset[str] = frozenset()
+    ) -> list[ClaimedRow]:
+        """Claim up to ``limit`` rows of this relay's leased shards, oldest first.
+
+        Rows leased under one of this relay's ``in_flight`` tokens are being published right
+        now, ahead of whatever this claim returns, so they are skipped without blocking their key.
+        """
         my_shards = select(outbox_shard_leases.c.shard).where(
             outbox_shard_leases.c.holder == self.relay_id,
             outbox_shard_leases.c.expires_ms > self._now,
         )
-        query = (
+        candidates_query = (
             select(
                 outbox_events.c.id,
-                outbox_events.c.topic,
                 outbox_events.c.kafka_key,
-                outbox_events.c.headers,
-                outbox_events.c.payload,
-                outbox_events.c.attempts,
                 outbox_events.c.available_ms,
                 outbox_events.c.lease_until_ms,
+                outbox_events.c.lease_token,
                 self._now.label("now_ms"),
             )
             .where(PENDING, outbox_events.c.shard.in_(my_shards.scalar_subquery()))
@@ -77,16 +80,26 @@ class Claims:
             .with_for_update(of=outbox_events, skip_locked=True)
         )
         async with self.engine.begin() as conn:
-            candidates = (await conn.execute(query)).all()
-            chosen = _claimable(candidates)
+            candidates = (await conn.execute(candidates_query)).all()
+            chosen = _claimable(candidates, in_flight)
             if not chosen:
                 return []
             now_ms = candidates[0].now_ms
-            await conn.execute(
+            # Narrow candidates first, payloads only for the rows actually claimed.
+            claimed = await conn.execute(
                 update(outbox_events)
-                .where(outbox_events.c.id.in_([row.id for row in chosen]))
+                .where(outbox_events.c.id.in_(chosen))
                 .values(lease_token=token, lease_until_ms=now_ms + self.lease_ms)
+                .returning(
+                    outbox_events.c.id,
+                    outbox_events.c.topic,
+                    outbox_events.c.kafka_key,
+                    outbox_events.c.headers,
+                    outbox_events.c.payload,
+                    outbox_events.c.attempts,
+                )
             )
+            rows = sorted(claimed.all(), key=lambda row: row.id)
         return [
             ClaimedRow(
                 id=row.id,
@@ -96,7 +109,7 @@ class Claims:
                 payload=row.payload,
                 attempts=row.attempts,
             )
-            for row in chosen
+            for row in rows
         ]
 
     async def settle(
@@ -147,12 +160,24 @@ class Claims:
                     .values(values)
                 )
             if released:
-                await conn.execute(
-                    update(outbox_events)
-                    .where(outbox_events.c.id.in_([row.id for row in released]), mine)
-                    .values(lease_token=None, lease_until_ms=None)
-                )
+                await conn.execute(self._release_statement(token, released))
         return matched
+
+    async def release(self, token: str, rows: Sequence[ClaimedRow]) -> None:
+        """Give claimed rows back untouched, for the next claim."""
+        async with self.engine.begin() as conn:
+            await conn.execute(self._release_statement(token, rows))
+
+    @staticmethod
+    def _release_statement(token: str, rows: Sequence[ClaimedRow]):
+        return (
+            update(outbox_events)
+            .where(
+                outbox_events.c.id.in_([row.id for row in rows]),
+                outbox_events.c.lease_token == token,
+            )
+            .values(lease_token=None, lease_until_ms=None)
+        )
 
     async def pending_count(self) -> int:
         """Rows not yet published nor parked (all shards)."""
@@ -160,12 +185,13 @@ class Claims:
             return await conn.scalar(select(func.count()).select_from(outbox_events).where(PENDING))
 
 
-def _claimable(candidates: Sequence) -> list:
+def _claimable(candidates: Sequence, in_flight: frozenset[str]) -> list[int]:
+    """Ids to claim, in order, skipping each key from its first row that must wait."""
     blocked: set[bytes] = set()
-    chosen = []
+    chosen: list[int] = []
     for row in candidates:
         key = row.kafka_key
-        if key is not None and key in blocked:
+        if (key is not None and key in blocked) or row.lease_token in in_flight:
             continue
         waiting = row.available_ms > row.now_ms
         leased_elsewhere = row.lease_until_ms is not None and row.lease_until_ms > row.now_ms
@@ -173,5 +199,5 @@ def _claimable(candidates: Sequence) -> list:
             if key is not None:
                 blocked.add(key)
             continue
-        chosen.append(row)
+        chosen.append(row.id)
     return chosen

@@ -19,6 +19,7 @@ from aiokafka.errors import (
     CorruptRecordException,
     InvalidTopicError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
@@ -56,6 +57,7 @@ class BatchOutcome:
     failed: list[Failure] = field(default_factory=list)
     released: list[ClaimedRow] = field(default_factory=list)
     outage: BaseException | None = None
+    failed_keys: set[bytes] = field(default_factory=set)
 
 
 class Publisher:
@@ -83,6 +85,7 @@ class Publisher:
         }
         self._producer: AIOKafkaProducer | None = None
         self._timeout_s = request_timeout_ms / 1000
+        self._ack_deadline_s = 3 * self._timeout_s
 
     async def start(self) -> None:
         """Connect; raises :class:`KafkaUnavailable` when no broker answers."""
@@ -112,7 +115,7 @@ class Publisher:
         producer = self._producer
         assert producer is not None
         outcome = BatchOutcome()
-        failed_keys: set[bytes] = set()
+        failed_keys = outcome.failed_keys
         missing_topics: dict[str, str] = {}
         pending: list[tuple[ClaimedRow, asyncio.Future]] = []
         for index, row in enumerate(rows):
@@ -141,7 +144,7 @@ class Publisher:
                 outcome.released.extend(rows[index:])
                 break
             pending.append((row, future))
-        results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
+        results = await self._acknowledgements([future for _, future in pending])
         for (row, _), result in zip(pending, results, strict=True):
             if not isinstance(result, BaseException):
                 if row.key is not None and row.key in failed_keys:
@@ -157,6 +160,27 @@ class Publisher:
                 if row.key is not None:
                     failed_keys.add(row.key)
         return outcome
+
+    async def _acknowledgements(self, futures: list[asyncio.Future]) -> list[object]:
+        """Each future's result or exception; a deadline turns a silent broker into an outage.
+
+        aiokafka retries a batch whose leader is known but unreachable forever, so without this
+        deadline a broker that goes away would stall the relay.
+        """
+        if not futures:
+            return []
+        _, late = await asyncio.wait(futures, timeout=self._ack_deadline_s)
+        timeout = KafkaTimeoutError(f"no acknowledgement within {self._ack_deadline_s:.1f}s")
+        results: list[object] = []
+        for future in futures:
+            if future in late:
+                future.cancel()
+                results.append(timeout)
+            elif future.exception() is not None:
+                results.append(future.exception())
+            else:
+                results.append(future.result())
+        return results
 
     @staticmethod
     def _fail(outcome: BatchOutcome, failed_keys: set[bytes], row: ClaimedRow, error: str) -> None:

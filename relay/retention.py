@@ -12,24 +12,25 @@ from outbox.tables import outbox_events
 async def delete_published(engine: AsyncEngine, retention_ms: int, chunk: int) -> int:
     """Delete published rows older than ``retention_ms``, ``chunk`` per transaction.
 
-    Short transactions keep locks and WAL bursts small while millions of rows go.
+    Short transactions keep locks and WAL bursts small while millions of rows go. The ids are
+    read first: PostgreSQL may evaluate a volatile-clock ``IN (SELECT ... LIMIT n)`` more than
+    once, which would let one chunk delete more than ``n`` rows.
     """
     now = db_now_ms(engine.dialect.name)
+    oldest = (
+        select(outbox_events.c.id)
+        .where(
+            outbox_events.c.published_ms.is_not(None),
+            outbox_events.c.published_ms < now - retention_ms,
+        )
+        .limit(chunk)
+    )
     total = 0
     while True:
-        oldest = (
-            select(outbox_events.c.id)
-            .where(
-                outbox_events.c.published_ms.is_not(None),
-                outbox_events.c.published_ms < now - retention_ms,
-            )
-            .limit(chunk)
-            .scalar_subquery()
-        )
         async with engine.begin() as conn:
-            deleted = (
-                await conn.execute(delete(outbox_events).where(outbox_events.c.id.in_(oldest)))
-            ).rowcount
-        total += deleted
-        if deleted < chunk:
+            ids = (await conn.execute(oldest)).scalars().all()
+            if ids:
+                await conn.execute(delete(outbox_events).where(outbox_events.c.id.in_(ids)))
+        total += len(ids)
+        if len(ids) < chunk:
             return total

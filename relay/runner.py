@@ -20,7 +20,7 @@ from relay.health import DependencyHealth
 from relay.leases import ShardLeases
 from relay.notify import CommitListener
 from relay.options import RelayOptions
-from relay.publisher import KafkaUnavailable, Publisher
+from relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
 from relay.retention import delete_published
 
 log = logging.getLogger("outboxkit.relay")
@@ -107,7 +107,7 @@ class Relay:
                     if not owned:
                         log.debug("no shard leased; waiting")
                 self._wake.clear()
-                claimed = await self._relay_one_batch()
+                claimed = await self._relay_batches()
                 if self.options.retention_s and time.monotonic() >= next_cleanup:
                     self.stats.cleaned += await delete_published(
                         self.engine,
@@ -124,19 +124,49 @@ class Relay:
                 attempt = self.kafka.failed(error)
                 await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
-            if claimed >= self.options.batch_size:
+            if claimed:
                 continue
             if until_drained and claimed == 0 and await self.claims.pending_count() == 0:
                 return
             await _wait_any(stop, self._wake, self.options.poll_interval_s)
 
-    async def _relay_one_batch(self) -> int:
+    async def _relay_batches(self) -> int:
+        """Publish batches back to back while they come full; return the rows claimed.
+
+        While batch N is being acknowledged, batch N+1 is claimed (the database and Kafka work
+        overlap). N+1 is sent only after N's outcome is known, so a key whose row failed in N
+        is held back, and per-key order holds.
+        """
         await self.publisher.start()  # before claiming, so an outage leaves no row leased
         token = str(uuid.uuid4())
         rows = await self.claims.claim(token, self.options.batch_size)
-        if not rows:
-            return 0
-        outcome = await self.publisher.publish(rows)
+        total = 0
+        while rows:
+            total += len(rows)
+            sending = asyncio.ensure_future(self.publisher.publish(rows))
+            next_token, next_rows = str(uuid.uuid4()), []
+            try:
+                if len(rows) >= self.options.batch_size:
+                    next_rows = await self.claims.claim(
+                        next_token, self.options.batch_size, frozenset({token})
+                    )
+            finally:
+                outcome = await sending
+                await self._settle(token, outcome)
+            held_back = [row for row in next_rows if row.key in outcome.failed_keys]
+            if outcome.outage is not None:
+                held_back = next_rows
+            if held_back:
+                await self.claims.release(next_token, held_back)
+            if outcome.outage is not None:
+                await self.publisher.reset()
+                raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            self.kafka.succeeded()
+            rows = [row for row in next_rows if row not in held_back]
+            token = next_token
+        return total
+
+    async def _settle(self, token: str, outcome: BatchOutcome) -> None:
         matched = await self.claims.settle(
             token,
             outcome.published,
@@ -162,11 +192,6 @@ class Relay:
                 self.options.max_attempts,
                 failure.error,
             )
-        if outcome.outage is not None:
-            await self.publisher.reset()
-            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
-        self.kafka.succeeded()
-        return len(rows)
 
     async def _shutdown(self) -> None:
         try:
