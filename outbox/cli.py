@@ -6,6 +6,7 @@ stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
@@ -32,11 +33,18 @@ class CliError(Exception):
     """An error reported to the operator as one line with exit code 2."""
 
 
+# Each concern keeps its commands in its own module; importing one registers them on `app`.
+COMMAND_MODULES = (
+    "outbox.cli_commands",
+    "relay.cli",
+    "consumers.cli",
+    "outbox.actions.cli",
+)
+
+
 def _register_commands() -> None:
-    # Each concern keeps its commands in its own module; importing registers them on `app`.
-    import outbox.cli_commands  # noqa: F401
-    import relay.cli  # noqa: F401
-    # -- further command modules are registered below, one line each --
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,219 @@
+"""``ConsumerApp``: handlers registered per (topic, CloudEvent type), and how they are called.
+
+A handler's parameters are chosen by their annotations::
+
+    @app.handler("order.placed", topic="orders")
+    async def on_order_placed(order: OrderPlaced, session: AsyncSession) -> None: ...
+
+- a pydantic model class: the event's ``data`` validated into it (failure: dead-lettered);
+- ``CloudEvent``: the decoded event itself;
+- ``AsyncSession``: the open session whose transaction also records the inbox claim;
+- ``Session`` (sync handlers only): the same transaction, as a sync session.
+
+Async handlers run on the event loop. A sync handler that takes a ``Session`` runs through
+``AsyncSession.run_sync`` (on the loop, so keep it short); one that takes no session runs in a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.v1.event import CloudEvent
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from consumers.dlq import DEFAULT_DLQ_TOPIC
+from consumers.inbox import DEFAULT_RETENTION
+from consumers.retry import RetryPolicy
+from consumers.tables import CONSUMER_MAX
+
+Unhandled = Literal["skip", "dead-letter"]
+HandlerFunc = Callable[..., Any]
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+class HandlerSignatureError(TypeError):
+    """A handler parameter has no annotation the runtime knows how to supply."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    name: str
+    kind: Literal["model", "event", "session", "sync_session"]
+    model: type[BaseModel] | None = None
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A registered handler: the function and how to build its arguments."""
+
+    topic: str
+    type: str
+    func: HandlerFunc
+    params: tuple[_Param, ...]
+    is_async: bool
+
+    @property
+    def name(self) -> str:
+        """``module.function``, for logs."""
+        return f"{self.func.__module__}.{getattr(self.func, '__qualname__', self.func)}"
+
+    def bind(self, event: CloudEvent) -> dict[str, Any]:
+        """Build the non-session arguments; raises pydantic's ``ValidationError`` on bad data."""
+        arguments: dict[str, Any] = {}
+        for param in self.params:
+            if param.kind == "event":
+                arguments[param.name] = event
+            elif param.kind == "model":
+                arguments[param.name] = _validate(param.model, event.get_data())
+        return arguments
+
+    async def call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
+        """Run the handler with ``arguments`` and the session (or its sync face)."""
+        arguments = dict(arguments)
+        if self.is_async:
+            for param in self.params:
+                if param.kind == "session":
+                    arguments[param.name] = session
+            await self.func(**arguments)
+            return
+        wants_session = [p.name for p in self.params if p.kind == "sync_session"]
+        if wants_session:
+
+            def run(sync_session: Session) -> None:
+                for name in wants_session:
+                    arguments[name] = sync_session
+                self.func(**arguments)
+
+            await session.run_sync(run)
+        else:
+            await asyncio.to_thread(functools.partial(self.func, **arguments))
+
+
+def _validate(model: type[BaseModel] | None, data: Any) -> BaseModel:
+    assert model is not None
+    if isinstance(data, bytes | str):
+        return model.model_validate_json(data)
+    return model.model_validate(data)
+
+
+@dataclass
+class ConsumerApp:
+    """A consumer: its name (the inbox key and default group), handlers and failure policy.
+
+    ``name``: identifies the consumer in the inbox, so each consumer applies an event once.
+    ``group``: the Kafka consumer group (default: ``name``).
+    ``dlq_topic``: dead-letter topic pattern; ``{topic}`` is the record's topic.
+    ``unhandled``: what to do with an event no handler takes: ``"skip"`` or ``"dead-letter"``.
+    ``retry``: backoff and bounds for failed attempts.
+    ``inbox_retention``: how long claims are kept; ``retention_interval``: how often the
+    runtime removes older ones (``None`` disables the periodic task).
+    ``max_batch``: records fetched at once; one partition's records of a batch share a
+    transaction.
+    ``consumer_options`` / ``producer_options``: passed to aiokafka's consumer and to the
+    dead-letter producer (security settings, timeouts).
+    """
+
+    name: str
+    group: str | None = None
+    dlq_topic: str = DEFAULT_DLQ_TOPIC
+    unhandled: Unhandled = "skip"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    dlq_retry: RetryPolicy = field(
+        default_factory=lambda: RetryPolicy(max_attempts=2**31, base_delay=0.5, max_delay=30.0)
+    )
+    dlq_timeout: float = 10.0
+    inbox_retention: timedelta = DEFAULT_RETENTION
+    retention_interval: timedelta | None = timedelta(hours=1)
+    max_batch: int = 500
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    producer_options: dict[str, Any] = field(default_factory=dict)
+    handlers: dict[tuple[str, str], Handler] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > CONSUMER_MAX:
+            raise ValueError(f"consumer name must have 1 to {CONSUMER_MAX} characters")
+        if self.unhandled not in ("skip", "dead-letter"):
+            raise ValueError("unhandled must be 'skip' or 'dead-letter'")
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if "{topic}" not in self.dlq_topic and not _TOPIC_NAME.match(self.dlq_topic):
+            raise ValueError(f"invalid dead-letter topic {self.dlq_topic!r}")
+
+    @property
+    def group_id(self) -> str:
+        """The Kafka consumer group."""
+        return self.group or self.name
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics the handlers subscribe to."""
+        return sorted({topic for topic, _ in self.handlers})
+
+    def handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
+        """Register the decorated function for events of ``type`` on ``topic``."""
+        if not type:
+            raise ValueError("event type must be a non-empty string")
+        if not _TOPIC_NAME.match(topic):
+            raise ValueError(f"invalid Kafka topic name {topic!r}")
+
+        def register(func: HandlerFunc) -> HandlerFunc:
+            if (topic, type) in self.handlers:
+                raise ValueError(f"a handler for {type!r} on {topic!r} is already registered")
+            self.handlers[(topic, type)] = _describe(topic, type, func)
+            return func
+
+        return register
+
+    def handler_for(self, topic: str, type: str) -> Handler | None:
+        """The handler of ``type`` on ``topic``, if any."""
+        return self.handlers.get((topic, type))
+
+
+def _describe(topic: str, type: str, func: HandlerFunc) -> Handler:
+    is_async = inspect.iscoroutinefunction(func)
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception as error:
+        raise HandlerSignatureError(f"cannot resolve annotations of {func!r}: {error}") from None
+    params: list[_Param] = []
+    for parameter in inspect.signature(func).parameters.values():
+        annotation = hints.get(parameter.name)
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise HandlerSignatureError(f"{func.__qualname__}: *args/**kwargs are not supported")
+        params.append(_param_for(func, parameter.name, annotation, is_async))
+    return Handler(topic=topic, type=type, func=func, params=tuple(params), is_async=is_async)
+
+
+def _param_for(func: HandlerFunc, name: str, annotation: Any, is_async: bool) -> _Param:
+    where = f"{getattr(func, '__qualname__', func)}({name})"
+    if annotation in (CloudEvent, BaseCloudEvent):
+        return _Param(name, "event")
+    if inspect.isclass(annotation):
+        if issubclass(annotation, BaseModel):
+            return _Param(name, "model", annotation)
+        if issubclass(annotation, AsyncSession):
+            if not is_async:
+                raise HandlerSignatureError(
+                    f"{where}: a sync handler takes Session, not AsyncSession"
+                )
+            return _Param(name, "session")
+        if issubclass(annotation, Session):
+            if is_async:
+                raise HandlerSignatureError(f"{where}: an async handler takes AsyncSession")
+            return _Param(name, "sync_session")
+    raise HandlerSignatureError(
+        f"{where}: annotate it with a pydantic model, CloudEvent, AsyncSession or Session"
+    )

@@ -1,0 +1,1 @@
+"""Runnable examples of outboxkit (``python -m examples.<name>``)."""
