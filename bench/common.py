@@ -1,0 +1,113 @@
+"""Shared pieces of the benchmarks: a broker, a throwaway database, bulk rows, reporting."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pytest_postgresql.janitor import DatabaseJanitor
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import make_url
+
+from outbox import encode_binary, new_event
+from outbox.db import make_engine
+from outbox.dev.kafka import KafkaBroker
+from outbox.migrate import upgrade
+from outbox.sharding import shard_for
+from outbox.tables import outbox_events
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_PG_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"
+
+
+@contextmanager
+def kafka() -> Iterator[str]:
+    """``OUTBOXKIT_KAFKA_BOOTSTRAP`` if set, else a fresh local broker."""
+    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.close()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, migrated database on the server of ``OUTBOXKIT_TEST_PG_URL``; dropped after."""
+    server = make_url(os.environ.get("OUTBOXKIT_TEST_PG_URL", DEFAULT_PG_URL))
+    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
+    janitor = DatabaseJanitor(
+        user=server.username,
+        host=server.host,
+        port=server.port or 5432,
+        dbname=name,
+        password=server.password,
+    )
+    janitor.init()
+    url = server.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        janitor.drop()
+
+
+def sample_events(count: int, data_bytes: int, keys: int, source: str = "/bench") -> list:
+    """``count`` CloudEvents of about ``data_bytes`` of JSON data over ``keys`` keys."""
+    filler = "x" * max(0, data_bytes - 40)
+    return [
+        new_event("bench.event", source, {"seq": n, "fill": filler}, partitionkey=f"k{n % keys}")
+        for n in range(count)
+    ]
+
+
+def bulk_fill(url: str, topic: str, events: list, chunk: int = 5000) -> None:
+    """Insert encoded events straight into the outbox (set-up only, not what is measured)."""
+    engine = make_engine(url)
+    now_ms = int(time.time() * 1000)
+    with engine.begin() as conn:
+        for start in range(0, len(events), chunk):
+            rows = []
+            for event in events[start : start + chunk]:
+                encoded = encode_binary(event)
+                rows.append(
+                    {
+                        "source": encoded.source,
+                        "event_id": encoded.id,
+                        "type": encoded.type,
+                        "topic": topic,
+                        "kafka_key": encoded.key,
+                        "shard": shard_for(encoded.key, encoded.id),
+                        "headers": json.dumps(encoded.headers),
+                        "payload": encoded.payload,
+                        "created_ms": now_ms,
+                        "available_ms": now_ms,
+                        "attempts": 0,
+                    }
+                )
+            conn.execute(outbox_events.insert(), rows)
+    engine.dispose()
+
+
+def report(name: str, title: str, columns: list[str], rows: list[list[Any]], data: dict) -> None:
+    """Print a table and write ``bench/results/NAME.json``."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row))
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, default=str))
+    print(f"wrote {RESULTS / f'{name}.json'}")

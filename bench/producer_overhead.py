@@ -1,0 +1,84 @@
+"""Producer overhead: a transaction writing one domain row, with and without one outbox event.
+
+Both sides run the same number of sequential transactions against the same PostgreSQL
+database, interleaved in rounds so that drift in the machine's load hits both alike. Usage:
+
+    python -m bench.producer_overhead [--transactions 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from sqlalchemy import Column, Integer, MetaData, String, Table
+from sqlalchemy.orm import Session
+
+from bench.common import postgres_database, report
+from outbox import Outbox, new_event
+from outbox.db import make_engine
+
+domain = MetaData()
+accounts = Table(
+    "bench_accounts",
+    domain,
+    Column("id", Integer, primary_key=True),
+    Column("owner", String(50), nullable=False),
+)
+
+
+def run_side(engine, first_id: int, count: int, outbox: Outbox | None) -> float:
+    """Seconds for ``count`` transactions, each inserting one row (and one event)."""
+    started = time.perf_counter()
+    for n in range(first_id, first_id + count):
+        with Session(engine) as session, session.begin():
+            session.execute(accounts.insert().values(id=n, owner=f"owner-{n}"))
+            if outbox is not None:
+                data = {"account": n, "owner": f"owner-{n}"}
+                outbox.add(session, new_event("account.opened", "/bank", data, partitionkey=str(n)))
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    """Alternate rounds of both sides and print the ratio of total times."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transactions", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    per_round = args.transactions // args.rounds
+    outbox = Outbox(default_topic="bench.accounts")
+    with postgres_database() as url:
+        engine = make_engine(url, pool_size=1)
+        domain.create_all(engine)
+        run_side(engine, 10_000_000, 200, outbox)  # warm-up: connection, statement caches
+        plain = with_event = 0.0
+        next_id = 0
+        for _ in range(args.rounds):
+            plain += run_side(engine, next_id, per_round, None)
+            next_id += per_round
+            with_event += run_side(engine, next_id, per_round, outbox)
+            next_id += per_round
+        engine.dispose()
+    count = per_round * args.rounds
+    ratio = with_event / plain
+    report(
+        "producer_overhead",
+        f"{count:,} transactions per side, PostgreSQL, sequential",
+        ["side", "seconds", "ms per transaction"],
+        [
+            ["domain row only", plain, plain / count * 1000],
+            ["domain row + outbox event", with_event, with_event / count * 1000],
+        ],
+        {
+            "transactions": count,
+            "plain_seconds": plain,
+            "with_event_seconds": with_event,
+            "ratio": ratio,
+            "target": 1.3,
+        },
+    )
+    print(f"ratio with-event/plain = {ratio:.2f} (target <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()

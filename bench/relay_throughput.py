@@ -1,0 +1,99 @@
+"""Relay throughput against the ceiling: a raw aiokafka idempotent producer, same events.
+
+Both publish N CloudEvents of about 1 KB (binary mode, same headers, keys and values) to a
+topic of their own on the same broker. The raw producer sends from memory; the relay drains
+the same events from a PostgreSQL outbox (claim, publish, mark). Usage:
+
+    python -m bench.relay_throughput [--events 50000] [--keys 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+
+from aiokafka import AIOKafkaProducer
+
+from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
+from outbox import encode_binary
+from relay import Relay, RelayOptions
+
+
+async def raw_producer(bootstrap: str, topic: str, events: list) -> float:
+    """Seconds for an idempotent producer to send and get acks for every event."""
+    messages = [encode_binary(e) for e in events]
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"warm-up")
+        started = time.perf_counter()
+        futures = []
+        for message in messages:
+            headers = [(k, v.encode()) for k, v in message.headers.items()]
+            futures.append(
+                await producer.send(topic, value=message.payload, key=message.key, headers=headers)
+            )
+        await asyncio.gather(*futures)
+        return time.perf_counter() - started
+    finally:
+        await producer.stop()
+
+
+async def relay_drain(url: str, bootstrap: str, topic: str) -> tuple[float, int]:
+    """Seconds for the relay to drain the outbox, and how many rows it published."""
+    warm = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await warm.start()
+    await warm.send_and_wait(topic, b"warm-up")
+    await warm.stop()
+    relay = Relay(url, bootstrap, RelayOptions(batch_size=1000, retention_s=3600, listen=False))
+    started = time.perf_counter()
+    published = await relay.drain(timeout=600)
+    return time.perf_counter() - started, published
+
+
+def main() -> None:
+    """Run both sides and print the ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--keys", type=int, default=100)
+    args = parser.parse_args()
+    events = sample_events(args.events, 1000, args.keys)
+    with kafka() as bootstrap, postgres_database() as url:
+        topic = f"relay-{uuid.uuid4().hex[:6]}"
+        bulk_fill(url, topic, events)
+        raw_s = asyncio.run(raw_producer(bootstrap, f"raw-{uuid.uuid4().hex[:6]}", events))
+        relay_s, published = asyncio.run(relay_drain(url, bootstrap, topic))
+    assert published == args.events, f"relay published {published} of {args.events}"
+    raw_rate, relay_rate = args.events / raw_s, args.events / relay_s
+    ratio = relay_rate / raw_rate
+    report(
+        "relay_throughput",
+        f"{args.events:,} CloudEvents of ~1 KB",
+        ["side", "seconds", "events/s"],
+        [
+            ["raw aiokafka idempotent producer", raw_s, raw_rate],
+            ["relay (PostgreSQL)", relay_s, relay_rate],
+        ],
+        {
+            "events": args.events,
+            "raw_seconds": raw_s,
+            "relay_seconds": relay_s,
+            "raw_per_s": raw_rate,
+            "relay_per_s": relay_rate,
+            "ratio": ratio,
+            "target": 0.6,
+        },
+    )
+    print(f"ratio relay/raw = {ratio:.2f} (target >= 0.6)")
+
+
+if __name__ == "__main__":
+    main()
