@@ -5,26 +5,22 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pytest_postgresql.janitor import DatabaseJanitor
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
 from outbox import encode_binary, new_event
 from outbox.db import make_engine
 from outbox.dev.kafka import KafkaBroker
-from outbox.migrate import upgrade
-from outbox.sharding import shard_for
+from outbox.dev.postgres import throwaway_database
 from outbox.tables import outbox_events
+from outbox.writer import outbox_row
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_PG_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"
 
 
 @contextmanager
@@ -45,22 +41,8 @@ def kafka() -> Iterator[str]:
 @contextmanager
 def postgres_database() -> Iterator[str]:
     """A fresh, migrated database on the server of ``OUTBOXKIT_TEST_PG_URL``; dropped after."""
-    server = make_url(os.environ.get("OUTBOXKIT_TEST_PG_URL", DEFAULT_PG_URL))
-    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
-    janitor = DatabaseJanitor(
-        user=server.username,
-        host=server.host,
-        port=server.port or 5432,
-        dbname=name,
-        password=server.password,
-    )
-    janitor.init()
-    url = server.set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with throwaway_database("outboxkit_bench") as url:
         yield url
-    finally:
-        janitor.drop()
 
 
 def sample_events(count: int, data_bytes: int, keys: int, source: str = "/bench") -> list:
@@ -78,24 +60,10 @@ def bulk_fill(url: str, topic: str, events: list, chunk: int = 5000) -> None:
     now_ms = int(time.time() * 1000)
     with engine.begin() as conn:
         for start in range(0, len(events), chunk):
-            rows = []
-            for event in events[start : start + chunk]:
-                encoded = encode_binary(event)
-                rows.append(
-                    {
-                        "source": encoded.source,
-                        "event_id": encoded.id,
-                        "type": encoded.type,
-                        "topic": topic,
-                        "kafka_key": encoded.key,
-                        "shard": shard_for(encoded.key, encoded.id),
-                        "headers": json.dumps(encoded.headers),
-                        "payload": encoded.payload,
-                        "created_ms": now_ms,
-                        "available_ms": now_ms,
-                        "attempts": 0,
-                    }
-                )
+            rows = [
+                outbox_row(encode_binary(event), topic, now_ms)
+                for event in events[start : start + chunk]
+            ]
             conn.execute(outbox_events.insert(), rows)
     engine.dispose()
 

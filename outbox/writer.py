@@ -82,8 +82,18 @@ def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Inse
         raise UnsupportedDatabaseError(
             f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
         ) from None
-    now = db_now_ms(dialect_name)
-    values: dict[str, Any] = {
+    values = outbox_row(encoded, topic, db_now_ms(dialect_name))
+    return (
+        dialect_insert(outbox_events)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=["source", "event_id"])
+        .returning(outbox_events.c.id)
+    )
+
+
+def outbox_row(encoded: EncodedEvent, topic: str, now_ms: Any) -> dict[str, Any]:
+    """Column values of the outbox row for ``encoded``; ``now_ms`` is a value or SQL expression."""
+    return {
         "source": encoded.source,
         "event_id": encoded.id,
         "type": encoded.type,
@@ -92,16 +102,10 @@ def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Inse
         "shard": shard_for(encoded.key, encoded.id),
         "headers": json.dumps(encoded.headers, separators=(",", ":")),
         "payload": encoded.payload,
-        "created_ms": now,
-        "available_ms": now,
+        "created_ms": now_ms,
+        "available_ms": now_ms,
         "attempts": 0,
     }
-    return (
-        dialect_insert(outbox_events)
-        .values(values)
-        .on_conflict_do_nothing(index_elements=["source", "event_id"])
-        .returning(outbox_events.c.id)
-    )
 
 
 def _check_topic(topic: str) -> None:

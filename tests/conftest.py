@@ -8,13 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pytest_postgresql.janitor import DatabaseJanitor
-from sqlalchemy.engine import make_url
 
 from outbox.dev.kafka import KafkaBroker
+from outbox.dev.postgres import throwaway_database
 from outbox.migrate import upgrade
-
-DEFAULT_PG_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture(scope="session")
@@ -56,22 +53,8 @@ def pg_url() -> Iterator[str]:
     The server comes from ``OUTBOXKIT_TEST_PG_URL`` (default: postgres on 127.0.0.1:5432, which
     ``scripts/start-postgres.sh`` sets up).
     """
-    server = make_url(os.environ.get("OUTBOXKIT_TEST_PG_URL", DEFAULT_PG_URL))
-    dbname = f"outboxkit_test_{uuid.uuid4().hex[:10]}"
-    janitor = DatabaseJanitor(
-        user=server.username,
-        host=server.host,
-        port=server.port or 5432,
-        dbname=dbname,
-        password=server.password,
-    )
-    janitor.init()
-    url = server.set(database=dbname).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with throwaway_database("outboxkit_test") as url:
         yield url
-    finally:
-        janitor.drop()
 
 
 @pytest.fixture
