@@ -4,7 +4,9 @@
 2. start a real single-node Kafka broker (or use ``OUTBOXKIT_KAFKA_BOOTSTRAP``);
 3. place orders: each transaction writes the order row and its CloudEvent, one is rolled back;
 4. run the relay until the outbox is drained;
-5. read the records back from Kafka.
+5. read the records back from Kafka;
+6. consume them with an inbox-deduplicated handler that writes one invoice per order, then
+   deliver one record a second time and show that the inbox absorbs it.
 
 Run it with ``python -m examples.quickstart``.
 """
@@ -15,14 +17,18 @@ import asyncio
 import json
 import os
 import shutil
+import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import BaseModel
 from sqlalchemy import Column, Integer, MetaData, Numeric, String, Table, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from consumers import ConsumerApp, ConsumerRuntime
 from outbox import Outbox, new_event
 from outbox.db import make_engine
 from outbox.dev.kafka import KafkaBroker
@@ -32,7 +38,8 @@ from outbox.tables import outbox_events
 from relay import Relay, RelayOptions
 
 WORKDIR = Path(".outboxkit/quickstart")
-TOPIC = "shop.orders"
+# A topic of its own per run, so a broker shared with earlier runs shows only this run's records.
+TOPIC = f"shop.orders.{uuid.uuid4().hex[:6]}"
 
 shop = MetaData()
 orders = Table(
@@ -44,12 +51,29 @@ orders = Table(
 )
 
 
+invoices = Table(
+    "invoices",
+    shop,
+    Column("order_id", Integer, primary_key=False, nullable=False),
+    Column("amount", Numeric(10, 2), nullable=False),
+)
+
+
 class OrderPlaced(BaseModel):
     """The event's data."""
 
     order_id: int
     customer: str
     total: str
+
+
+billing = ConsumerApp(name="billing", retention_interval=None)
+
+
+@billing.handler("shop.order.placed", topic=TOPIC)
+async def invoice_order(order: OrderPlaced, session: AsyncSession) -> None:
+    """The effect: one invoice row per order (no unique key: a second apply would show)."""
+    await session.execute(invoices.insert().values(order_id=order.order_id, amount=order.total))
 
 
 @contextmanager
@@ -89,27 +113,25 @@ def place_orders(db_url: str) -> None:
             raise ValueError("a negative total is refused: the transaction rolls back")
     except ValueError as error:
         print(f"order 4 rolled back ({error}): no row, no event")
-    with engine.connect() as conn:
-        order_count = conn.scalar(select(func.count()).select_from(orders))
-        pending = conn.scalar(select(func.count()).select_from(outbox_events))
     engine.dispose()
+    order_count, pending = count_rows(db_url, orders), count_rows(db_url, outbox_events)
     print(f"orders in the database: {order_count}; events waiting in the outbox: {pending}")
 
 
-async def show_topic(bootstrap: str, expected: int) -> None:
-    """Print the records the relay published."""
+async def show_topic(bootstrap: str, expected: int) -> list:
+    """Print the records the relay published; return them."""
     consumer = AIOKafkaConsumer(
         TOPIC, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
     )
     await consumer.start()
     try:
-        seen = 0
-        while seen < expected:
+        seen: list = []
+        while len(seen) < expected:
             batch = await consumer.getmany(timeout_ms=5000)
             if not batch:
                 break
             for record in (r for records in batch.values() for r in records):
-                seen += 1
+                seen.append(record)
                 headers = {k: v.decode() for k, v in record.headers}
                 print(
                     f"  kafka {record.topic}[{record.partition}]@{record.offset} "
@@ -118,6 +140,57 @@ async def show_topic(bootstrap: str, expected: int) -> None:
                 )
     finally:
         await consumer.stop()
+    return seen
+
+
+async def consume(db_url: str, bootstrap: str, records: list) -> None:
+    """Run the billing consumer until every order is invoiced, then redeliver one record."""
+    runtime = ConsumerRuntime(billing, bootstrap=bootstrap, db_url=db_url)
+    running = asyncio.create_task(runtime.run())
+    try:
+        await _until(lambda: count_rows(db_url, invoices) == len(records), runtime, running)
+        print(
+            f"billing consumer applied {runtime.stats.applied} events: "
+            f"{count_rows(db_url, invoices)} invoices"
+        )
+        duplicate = records[0]
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                duplicate.topic, duplicate.value, key=duplicate.key, headers=list(duplicate.headers)
+            )
+        finally:
+            await producer.stop()
+        await _until(lambda: runtime.stats.duplicates == 1, runtime, running)
+        print(
+            f"the first record delivered again: skipped by the inbox "
+            f"(duplicates={runtime.stats.duplicates}); invoices still "
+            f"{count_rows(db_url, invoices)}"
+        )
+    finally:
+        runtime.stop()
+        await running
+
+
+async def _until(condition, runtime: ConsumerRuntime, running: asyncio.Task) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        if running.done():
+            running.result()
+            raise RuntimeError("the consumer stopped early")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the consumer did not get there in 60 s: {runtime.stats}")
+        await asyncio.sleep(0.1)
+
+
+def count_rows(db_url: str, table: Table) -> int:
+    """Rows in ``table``."""
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        count = conn.scalar(select(func.count()).select_from(table))
+    engine.dispose()
+    return count
 
 
 def main() -> None:
@@ -133,7 +206,8 @@ def main() -> None:
         relay = Relay(db_url, bootstrap, RelayOptions(poll_interval_s=0.2))
         published = asyncio.run(relay.drain(timeout=120))
         print(f"relay published {published} events; records on Kafka topic {TOPIC!r}:")
-        asyncio.run(show_topic(bootstrap, published))
+        records = asyncio.run(show_topic(bootstrap, published))
+        asyncio.run(consume(db_url, bootstrap, records))
 
 
 if __name__ == "__main__":
