@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
@@ -18,6 +19,7 @@ from outbox.errors import InvalidEventError, UnsupportedDatabaseError
 from outbox.events import EncodedEvent, encode_binary
 from outbox.sharding import shard_for
 from outbox.tables import outbox_events
+from outbox.telemetry import current_context_headers
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _DIALECT_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
@@ -70,8 +72,20 @@ class Outbox:
         return (await session.execute(statement)).first() is not None
 
     def _insert(self, dialect_name: str, event: CloudEvent, topic: str | None) -> Insert:
-        encoded = encode_binary(event)
+        encoded = with_origin_trace(encode_binary(event))
         return insert_encoded(dialect_name, encoded, self.topic_for(encoded.type, topic))
+
+
+def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
+    """Add the current trace context as the event's ``traceparent``/``tracestate`` extension.
+
+    An event that already carries them keeps its own (the originating trace wins).
+    """
+    context = current_context_headers()
+    if not context:
+        return encoded
+    origin = {f"ce_{name}": value for name, value in context.items()}
+    return replace(encoded, headers={**origin, **encoded.headers})
 
 
 def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Insert:

@@ -37,6 +37,15 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits in the outbox."""
+
+    pending: int
+    oldest_age_s: float
+    parked: int
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     """A row whose publication failed for a reason of its own (not an outage)."""
 
@@ -183,6 +192,20 @@ class Claims:
         """Rows not yet published nor parked (all shards)."""
         async with self.engine.connect() as conn:
             return await conn.scalar(select(func.count()).select_from(outbox_events).where(PENDING))
+
+    async def backlog(self) -> Backlog:
+        """Backlog size, age of its oldest row and parked rows, in one query (all shards)."""
+        parked = outbox_events.c.parked_ms.is_not(None)
+        query = select(
+            func.count().filter(PENDING),
+            func.min(outbox_events.c.created_ms).filter(PENDING),
+            func.count().filter(parked),
+            self._now,
+        ).where(PENDING | parked)
+        async with self.engine.connect() as conn:
+            pending, oldest_ms, parked_rows, now_ms = (await conn.execute(query)).one()
+        age_s = max(0, now_ms - oldest_ms) / 1000 if oldest_ms is not None else 0.0
+        return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows)
 
 
 def _claimable(candidates: Sequence, in_flight: frozenset[str]) -> list[int]:

@@ -10,6 +10,7 @@ import typer
 from outbox.cli import app
 from outbox.cli_commands import settings_from
 from outbox.logs import configure_logging
+from outbox.metrics_server import serve_metrics
 from relay.options import RelayOptions
 from relay.runner import Relay
 
@@ -28,9 +29,15 @@ def relay(
         7 * 24 * 3600.0, min=0.0, help="Seconds to keep published rows; 0 deletes at once."
     ),
     request_timeout_ms: int = typer.Option(10_000, min=1000, help="Kafka request timeout."),
+    max_request_size: int = typer.Option(
+        1024 * 1024, min=1024, help="Largest record in bytes; a larger row fails and is parked."
+    ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
     json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+    ),
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
     configure_logging(json_lines=json_logs)
@@ -43,10 +50,13 @@ def relay(
             max_attempts=max_attempts,
             retention_s=retention,
             kafka_request_timeout_ms=request_timeout_ms,
+            max_request_size=max_request_size,
             listen=not no_listen,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
+    if metrics_port is not None:
+        serve_metrics(metrics_port)
     asyncio.run(_run(Relay(settings.db_url, settings.kafka_bootstrap, options), drain))
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -28,6 +30,8 @@ from aiokafka.errors import (
     UnsupportedForMessageFormatError,
 )
 
+from outbox import telemetry
+from relay import metrics
 from relay.claims import ClaimedRow, Failure
 
 log = logging.getLogger("outboxkit.relay")
@@ -118,6 +122,8 @@ class Publisher:
         failed_keys = outcome.failed_keys
         missing_topics: dict[str, str] = {}
         pending: list[tuple[ClaimedRow, asyncio.Future]] = []
+        spans: dict[int, Any] = {}
+        started = time.perf_counter()
         for index, row in enumerate(rows):
             if row.key is not None and row.key in failed_keys:
                 outcome.released.append(row)
@@ -125,9 +131,12 @@ class Publisher:
             if row.topic in missing_topics:
                 self._fail(outcome, failed_keys, row, missing_topics[row.topic])
                 continue
+            headers = row.headers
+            if telemetry.enabled():
+                spans[row.id], headers = _publish_span(row)
             try:
                 future = await producer.send(
-                    row.topic, value=row.payload, key=row.key, headers=row.headers
+                    row.topic, value=row.payload, key=row.key, headers=headers
                 )
             except RECORD_ERRORS as error:
                 self._fail(outcome, failed_keys, row, _describe(error))
@@ -145,8 +154,16 @@ class Publisher:
                 break
             pending.append((row, future))
         results = await self._acknowledgements([future for _, future in pending])
+        metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
         for (row, _), result in zip(pending, results, strict=True):
             if not isinstance(result, BaseException):
+                telemetry.end_span(
+                    spans.pop(row.id, None),
+                    attributes={
+                        "messaging.destination.partition.id": str(result.partition),
+                        "messaging.kafka.offset": result.offset,
+                    },
+                )
                 if row.key is not None and row.key in failed_keys:
                     # Landed after an earlier row of its key failed: it stays published (it is
                     # in Kafka); the failed row will follow it. Logged, as it is an inversion.
@@ -159,6 +176,14 @@ class Publisher:
                 outcome.released.append(row)
                 if row.key is not None:
                     failed_keys.add(row.key)
+        for failure in outcome.failed:
+            current = spans.pop(failure.row.id, None)
+            telemetry.add_event(current, "publish.failed", {"attempt": failure.row.attempts + 1})
+            telemetry.end_span(current, error_class=failure.error.split(":", 1)[0])
+        for row in outcome.released:
+            current = spans.pop(row.id, None)
+            telemetry.add_event(current, "publish.released")
+            telemetry.end_span(current)
         return outcome
 
     async def _acknowledgements(self, futures: list[asyncio.Future]) -> list[object]:
@@ -195,6 +220,29 @@ class Publisher:
             return True
         except (KafkaError, TimeoutError):
             return False
+
+
+def _publish_span(row: ClaimedRow) -> tuple[Any, list[tuple[str, bytes]]]:
+    """A producer span joined to the event's originating trace, and the row's headers with
+    this hop's ``traceparent``."""
+    named = {name: value.decode() for name, value in row.headers}
+    current = telemetry.start_span(
+        "outbox publish",
+        kind="producer",
+        parent=telemetry.origin_carrier(named),
+        attributes={
+            "messaging.system": "kafka",
+            "messaging.destination.name": row.topic,
+            "cloudevents.event_type": named.get("ce_type"),
+            "cloudevents.event_source": named.get("ce_source"),
+            "cloudevents.event_id": named.get("ce_id"),
+            "outboxkit.attempt": row.attempts + 1,
+        },
+    )
+    hop = telemetry.hop_header(current)
+    if hop is None:
+        return current, row.headers
+    return current, [(k, v) for k, v in row.headers if k != telemetry.HOP_HEADER] + [hop]
 
 
 def _describe(error: BaseException) -> str:

@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from outbox.db import make_async_engine
+from relay import metrics
 from relay.claims import Claims
 from relay.health import DependencyHealth
 from relay.leases import ShardLeases
@@ -102,6 +103,7 @@ class Relay:
         while not stop.is_set():
             try:
                 if time.monotonic() >= next_heartbeat:
+                    await self._sample_backlog()
                     owned = await self.leases.heartbeat()
                     next_heartbeat = time.monotonic() + heartbeat_every
                     if not owned:
@@ -166,6 +168,12 @@ class Relay:
             token = next_token
         return total
 
+    async def _sample_backlog(self) -> None:
+        backlog = await self.claims.backlog()
+        metrics.BACKLOG.set(backlog.pending)
+        metrics.OLDEST_AGE.set(backlog.oldest_age_s)
+        metrics.PARKED.set(backlog.parked)
+
     async def _settle(self, token: str, outcome: BatchOutcome) -> None:
         matched = await self.claims.settle(
             token,
@@ -179,6 +187,13 @@ class Relay:
         self.stats.batches += 1
         self.stats.published += len(outcome.published)
         self.stats.failed += len(outcome.failed)
+        metrics.BATCH_SIZE.observe(len(outcome.published) + len(outcome.failed))
+        metrics.PUBLISHED.inc(len(outcome.published))
+        metrics.PUBLISH_ERRORS.labels("record").inc(len(outcome.failed))
+        metrics.PUBLISH_ERRORS.labels("outage").inc(len(outcome.released))
+        metrics.PARKED_NOW.inc(
+            sum(1 for f in outcome.failed if f.row.attempts + 1 >= self.options.max_attempts)
+        )
         if matched < len(outcome.published):
             log.warning(
                 "lease lost for %d published rows; another relay will publish them again",

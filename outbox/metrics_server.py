@@ -1,0 +1,15 @@
+"""Serving Prometheus metrics over HTTP from an outboxkit process."""
+
+from __future__ import annotations
+
+from prometheus_client import start_http_server
+
+from outbox.cli import CliError
+
+
+def serve_metrics(port: int, address: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` on ``port`` in a background thread; a taken port is one error line."""
+    try:
+        start_http_server(port, addr=address)
+    except OSError as error:
+        raise CliError(f"cannot serve metrics on port {port}: {error.strerror}") from error
