@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Insert, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from outbox.actions import events
+from outbox.actions import events, metrics
 from outbox.actions.errors import (
     ActionError,
     IllegalTransitionError,
@@ -127,6 +127,7 @@ class ActionStore:
                 if op is None:
                     continue
             elif op.params_hash != digest or op.action_type != action_type:
+                metrics.CONFLICTS.inc()
                 raise OperationConflictError(
                     f"operation {key!r} of tenant {tenant!r} exists with other parameters or "
                     "another action type; a retry must send exactly the same request"
@@ -643,6 +644,9 @@ class ActionStore:
         await self._record(
             session, changed, op.state, target, changed.attempts, event_type, actor, reason, detail
         )
+        if op.state in (State.RUNNING, State.UNKNOWN) and target is not op.state:
+            spent_s = max(0, changed.updated_ms - op.updated_ms) / 1000
+            metrics.STATE_SECONDS.labels(op.state.value).observe(spent_s)
         return changed
 
     async def _record(
@@ -682,6 +686,7 @@ class ActionStore:
             reason=reason,
         )
         await self.outbox.add_async(session, event)
+        _count_transition(from_state, to, detail)
 
 
 _FINISHED_DECISION = {
@@ -689,6 +694,14 @@ _FINISHED_DECISION = {
     State.FAILED_FINAL: DecisionKind.FAILED,
     State.UNKNOWN: DecisionKind.UNKNOWN,
 }
+
+
+def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
+    metrics.TRANSITIONS.labels(from_state.value if from_state else "NEW", to.value).inc()
+    if isinstance(detail, dict) and detail.get("outcome") in ("found", "absent", "unclear"):
+        metrics.RECONCILIATIONS.labels(detail["outcome"]).inc()
+    if isinstance(detail, dict) and detail.get("outcome") == "manual":
+        metrics.RESOLUTIONS.labels(detail.get("resolution", "?")).inc()
 
 
 def _execute(op: OperationRecord) -> Decision:
