@@ -35,6 +35,14 @@ class ClaimedRow:
     payload: bytes
     attempts: int
 
+    @property
+    def event_id(self) -> str | None:
+        """The CloudEvents id, for logs and spans."""
+        for name, value in self.headers:
+            if name == "ce_id":
+                return value.decode()
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Backlog:

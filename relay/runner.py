@@ -200,12 +200,16 @@ class Relay:
                 len(outcome.published) - matched,
             )
         for failure in outcome.failed:
+            attempt = failure.row.attempts + 1
+            parked = attempt >= self.options.max_attempts
             log.warning(
-                "row %s failed (attempt %d of %d): %s",
+                "row %s %s (attempt %d of %d): %s",
                 failure.row.id,
-                failure.row.attempts + 1,
+                "parked" if parked else "failed, will retry",
+                attempt,
                 self.options.max_attempts,
                 failure.error,
+                extra={"event_id": failure.row.event_id, "attempt": attempt, "parked": parked},
             )
 
     async def _shutdown(self) -> None:
