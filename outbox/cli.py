@@ -39,6 +39,9 @@ COMMAND_MODULES = (
     "relay.cli",
     "consumers.cli",
     "outbox.actions.cli",
+    "consumers.dlq_cli",
+    "outbox.admin_cli",
+    "outbox.status_cli",
 )
 
 
@@ -75,6 +78,8 @@ def error_line(error: Exception) -> str | None:
         return f"database unreachable or refused the request: {reason}"
     if isinstance(error, KafkaError):
         return f"kafka: {error}"
+    if isinstance(error, TimeoutError):
+        return f"timed out: {error}" if str(error) else "timed out waiting for a database or broker"
     if isinstance(error, OSError):
         return str(error)
     return None
