@@ -1,11 +1,14 @@
-"""Commit-to-Kafka latency at a steady rate, with the relay woken by LISTEN/NOTIFY.
+"""Commit-to-Kafka and commit-to-effect latency at a steady rate (relay woken by LISTEN/NOTIFY).
 
 Writers commit single-event transactions at a steady total rate (default 1,000 events/s) into
-PostgreSQL; a relay process publishes them; a consumer in this process stamps each record when
-it arrives. Latency runs from just before COMMIT (the time is stored in the event) to arrival,
-so it slightly overstates the true commit-to-Kafka time. Usage:
+PostgreSQL; a relay process publishes them; a plain consumer in this process stamps each record
+when it arrives (commit-to-Kafka); a consumer runtime process (``outboxkit consume
+bench.consumer_app:app``) applies each event as an effect row stamped with the time its handler
+ran (commit-to-effect: relay, broker, fetch, decoding, inbox claim and handler; the chunk's
+database commit follows within a few ms). Both run from just before COMMIT (the time is stored
+in the event as ``sent_at``), so they slightly overstate the true latencies. Usage:
 
-    python -m bench.latency [--rate 1000] [--seconds 20]
+    python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer]
 """
 
 from __future__ import annotations
@@ -13,20 +16,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bench.common import kafka, postgres_database, report
+from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
 from outbox import Outbox, new_event
 from outbox.db import make_async_engine
 
 WRITERS = 8
+PARTITIONS = 3
 
 
 async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> int:
@@ -42,9 +52,9 @@ async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> int
             due = started + (n // WRITERS) * per_writer_interval
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             async with AsyncSession(engine) as session, session.begin():
-                data = {"n": n, "sent_at": time.time()}
+                data = {"seq": n, "sent_at": time.time()}
                 await outbox.add_async(
-                    session, new_event("lat", "/bench", data, partitionkey=str(n % 50))
+                    session, new_event(EVENT_TYPE, "/bench", data, partitionkey=str(n % 50))
                 )
 
     await asyncio.gather(*(writer(i) for i in range(WRITERS)))
@@ -75,34 +85,110 @@ async def collect(bootstrap: str, topic: str, expected: int, timeout: float) -> 
     return latencies
 
 
-async def measure(url: str, bootstrap: str, rate: int, seconds: float) -> list[float]:
-    topic = f"lat-{uuid.uuid4().hex[:6]}"
-    relay = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from outbox.cli import main; main()",
-            "relay",
-            "--db-url",
-            url,
-            "--bootstrap",
-            bootstrap,
-            "--poll-interval",
-            "5",
-            "--retention",
-            "3600",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
+async def create_topic(bootstrap: str, topic: str) -> None:
+    """Create the topic up front, so no consumer waits for it to appear in the metadata."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     try:
+        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    finally:
+        await admin.close()
+
+
+def start_cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """An ``outboxkit`` process logging to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", "from outbox.cli import main; main()", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+
+async def wait_for_log(log: Path, text: str, timeout: float) -> None:
+    """Wait until ``text`` appears in ``log``."""
+    deadline = time.monotonic() + timeout
+    while text not in (log.read_text() if log.exists() else ""):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {text!r} in {log} after {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+async def effect_latencies(url: str, expected: int, timeout: float) -> list[float]:
+    """Once ``expected`` effects exist, their handler time minus commit time, in ms."""
+    engine = make_async_engine(url)
+    deadline = time.monotonic() + timeout
+    try:
+        async with engine.connect() as connection:
+            count = select(func.count()).select_from(bench_effects)
+            while await connection.scalar(count) < expected:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            rows = await connection.execute(
+                select(bench_effects.c.sent_at, bench_effects.c.applied_at)
+            )
+            return [(applied - sent) * 1000 for sent, applied in rows]
+    finally:
+        await engine.dispose()
+
+
+async def measure(
+    url: str, bootstrap: str, rate: int, seconds: float, consume: bool, logs: Path
+) -> tuple[list[float], list[float]]:
+    """Commit-to-Kafka latencies, and commit-to-effect ones if ``consume``."""
+    topic = f"lat-{uuid.uuid4().hex[:6]}"
+    await create_topic(bootstrap, topic)
+    processes = [
+        start_cli(
+            [
+                "relay",
+                "--db-url",
+                url,
+                "--bootstrap",
+                bootstrap,
+                "--poll-interval",
+                "5",
+                "--retention",
+                "3600",
+            ],
+            logs / "relay.log",
+        )
+    ]
+    try:
+        if consume:
+            create_effects_table(url)
+            consumer_log = logs / "consumer.log"
+            processes.append(
+                start_cli(
+                    [
+                        "consume",
+                        "bench.consumer_app:app",
+                        "--db-url",
+                        url,
+                        "--bootstrap",
+                        bootstrap,
+                        "--group",
+                        f"lat-{topic}",
+                    ],
+                    consumer_log,
+                    env={"OUTBOXKIT_BENCH_TOPIC": topic},
+                )
+            )
+            await wait_for_log(consumer_log, "partitions assigned", 60)
         expected = int(rate * seconds)
         reader = asyncio.create_task(collect(bootstrap, topic, expected, seconds + 60))
-        await asyncio.sleep(3)  # relay start-up and consumer assignment are not measured
+        await asyncio.sleep(3)  # relay start-up and reader assignment are not measured
         await write_steadily(url, topic, rate, seconds)
-        return await reader
+        to_kafka = await reader
+        to_effect = await effect_latencies(url, expected, 60) if consume else []
+        return to_kafka, to_effect
     finally:
-        relay.terminate()
-        relay.wait(30)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(30)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -112,28 +198,45 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    """Run at a steady rate and print p50/p99."""
+    """Run at a steady rate and print p50/p99 of both latencies."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--no-consumer", action="store_true", help="only commit-to-Kafka, no consumer process"
+    )
     args = parser.parse_args()
-    with kafka() as bootstrap, postgres_database() as url:
-        latencies = asyncio.run(measure(url, bootstrap, args.rate, args.seconds))
+    consume = not args.no_consumer
+    with tempfile.TemporaryDirectory() as logs, kafka() as bootstrap, postgres_database() as url:
+        to_kafka, to_effect = asyncio.run(
+            measure(url, bootstrap, args.rate, args.seconds, consume, Path(logs))
+        )
     expected = int(args.rate * args.seconds)
-    assert len(latencies) == expected, f"received {len(latencies)} of {expected}"
-    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    assert len(to_kafka) == expected, f"received {len(to_kafka)} of {expected}"
+    if consume:
+        assert len(to_effect) == expected, f"{len(to_effect)} effects of {expected}"
+    rows: list[list] = []
+    data: dict = {"rate": args.rate, "events": expected}
+    for name, values, p50_target, p99_target in (
+        ("commit-to-Kafka", to_kafka, 10.0, 50.0),
+        ("commit-to-effect", to_effect, "-", "-"),
+    ):
+        if not values:
+            continue
+        p50, p99 = percentile(values, 50), percentile(values, 99)
+        rows += [
+            [name, "p50", p50, p50_target],
+            [name, "p99", p99, p99_target],
+            [name, "mean", statistics.fmean(values), "-"],
+        ]
+        key = name.replace("-", "_").lower()
+        data.update({f"{key}_p50_ms": p50, f"{key}_p99_ms": p99, f"{key}_max_ms": max(values)})
     report(
         "latency",
-        f"commit-to-Kafka at {args.rate}/s for {args.seconds:.0f}s (LISTEN/NOTIFY)",
-        ["measure", "ms", "target ms"],
-        [["p50", p50, 10.0], ["p99", p99, 50.0], ["mean", statistics.fmean(latencies), "-"]],
-        {
-            "rate": args.rate,
-            "events": expected,
-            "p50_ms": p50,
-            "p99_ms": p99,
-            "max_ms": max(latencies),
-        },
+        f"latency at {args.rate}/s for {args.seconds:.0f}s (LISTEN/NOTIFY)",
+        ["path", "measure", "ms", "target ms"],
+        rows,
+        data,
     )
 
 

@@ -1,26 +1,38 @@
-"""Peak memory (RSS high-water mark) of a relay process draining a large backlog.
+"""Peak memory (RSS high-water mark) of a relay process and of a consumer process, big backlogs.
 
-The outbox is filled with N rows (default 1,000,000, ~200 bytes of data each) before the relay
-starts, so the whole backlog is waiting at once; the relay must stay bounded whatever its size.
-The peak is the kernel's ``VmHWM`` of the relay process, read just before it exits. Usage:
+Relay: the outbox is filled with N rows (default 1,000,000, ~200 bytes of data each) before the
+relay starts, so the whole backlog is waiting at once. Consumer: N records (default 1,000,000,
+~200 bytes each, binary-mode CloudEvents) are produced to a topic before ``outboxkit consume
+bench.consumer_app:app`` starts; it applies each as an effect row. Each process must stay
+bounded whatever the backlog. The peak is the kernel's ``VmHWM`` of the process, read just
+before it is stopped. Usage:
 
-    python -m bench.memory [--rows 1000000]
+    python -m bench.memory [--side relay|consumer|both] [--rows 1000000] [--records 1000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, select
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
+from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
+from outbox import encode_binary, new_event
 from outbox.db import make_engine
 from outbox.tables import outbox_events
+
+PARTITIONS = 3
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -78,23 +90,129 @@ def relay_peak(url: str, bootstrap: str, rows: int) -> tuple[float, float]:
     return peak, elapsed
 
 
+async def produce_backlog(bootstrap: str, topic: str, records: int) -> None:
+    """Produce ``records`` binary-mode CloudEvents of ~200 bytes, in big batches, fast."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    finally:
+        await admin.close()
+    template = encode_binary(new_event(EVENT_TYPE, "/bench", {"seq": 0}))
+    fixed = [(k, v.encode()) for k, v in template.headers.items() if k != "ce_id"]
+    fill = "x" * 150
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=512 * 1024)
+    await producer.start()
+    try:
+        pending = []
+        batch, partition = producer.create_batch(), 0
+        for seq in range(records):
+            value = f'{{"seq": {seq}, "fill": "{fill}"}}'.encode()
+            headers = [*fixed, ("ce_id", f"m-{seq}".encode())]
+            while batch.append(timestamp=None, key=None, value=value, headers=headers) is None:
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+                batch, partition = producer.create_batch(), (partition + 1) % PARTITIONS
+            if len(pending) >= 50:
+                await asyncio.gather(*pending)
+                pending = []
+        pending.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+def applied(url: str) -> int:
+    """Effect rows written so far."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        count = conn.scalar(select(func.count()).select_from(bench_effects))
+    engine.dispose()
+    return count
+
+
+def consumer_peak(url: str, bootstrap: str, topic: str, records: int) -> tuple[float, float]:
+    """Run a consumer process until every record is applied; return (peak MiB, seconds)."""
+    create_effects_table(url)
+    with tempfile.NamedTemporaryFile("w+b", suffix=".log") as log:
+        consumer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from outbox.cli import main; main()",
+                "consume",
+                "bench.consumer_app:app",
+                "--db-url",
+                url,
+                "--bootstrap",
+                bootstrap,
+                "--group",
+                f"mem-{topic}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OUTBOXKIT_BENCH_TOPIC": topic},
+        )
+        started = time.perf_counter()
+        peak = 0.0
+        try:
+            while (done := applied(url)) < records:
+                if consumer.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    raise RuntimeError(f"consumer exited with {consumer.returncode}: {tail}")
+                peak = max(peak, peak_rss_mb(consumer.pid))
+                time.sleep(5 if records - done > 10_000 else 0.5)
+            elapsed = time.perf_counter() - started
+            peak = max(peak, peak_rss_mb(consumer.pid))
+        finally:
+            consumer.terminate()
+            consumer.wait(60)
+    return peak, elapsed
+
+
 def main() -> None:
-    """Fill the outbox, drain it with a relay process, print its peak RSS."""
+    """Build each backlog, work through it with a process, print its peak RSS."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--side", choices=["relay", "consumer", "both"], default="both")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="relay backlog")
+    parser.add_argument("--records", type=int, default=1_000_000, help="consumer backlog")
     args = parser.parse_args()
-    topic = f"mem-{uuid.uuid4().hex[:6]}"
-    with kafka() as bootstrap, postgres_database() as url:
-        for start in range(0, args.rows, 100_000):
-            bulk_fill(url, topic, sample_events(min(100_000, args.rows - start), 200, 1000))
-        peak, seconds = relay_peak(url, bootstrap, args.rows)
-    report(
-        "memory_relay",
-        f"relay draining {args.rows:,} rows",
-        ["process", "peak RSS MiB", "target MiB", "seconds", "rows/s"],
-        [["relay", peak, 150, seconds, args.rows / seconds]],
-        {"rows": args.rows, "relay_peak_rss_mib": peak, "seconds": seconds, "target_mib": 150},
-    )
+    with kafka() as bootstrap:
+        if args.side in ("relay", "both"):
+            topic = f"mem-{uuid.uuid4().hex[:6]}"
+            with postgres_database() as url:
+                for start in range(0, args.rows, 100_000):
+                    bulk_fill(url, topic, sample_events(min(100_000, args.rows - start), 200, 1000))
+                peak, seconds = relay_peak(url, bootstrap, args.rows)
+            report(
+                "memory_relay",
+                f"relay draining {args.rows:,} rows",
+                ["process", "peak RSS MiB", "target MiB", "seconds", "rows/s"],
+                [["relay", peak, 150, seconds, args.rows / seconds]],
+                {
+                    "rows": args.rows,
+                    "relay_peak_rss_mib": peak,
+                    "seconds": seconds,
+                    "target_mib": 150,
+                },
+            )
+        if args.side in ("consumer", "both"):
+            topic = f"mem-{uuid.uuid4().hex[:6]}"
+            asyncio.run(produce_backlog(bootstrap, topic, args.records))
+            with postgres_database() as url:
+                peak, seconds = consumer_peak(url, bootstrap, topic, args.records)
+            report(
+                "memory_consumer",
+                f"consumer applying a backlog of {args.records:,} records",
+                ["process", "peak RSS MiB", "target MiB", "seconds", "records/s"],
+                [["outboxkit consume", peak, 250, seconds, args.records / seconds]],
+                {
+                    "records": args.records,
+                    "consumer_peak_rss_mib": peak,
+                    "seconds": seconds,
+                    "target_mib": 250,
+                },
+            )
 
 
 if __name__ == "__main__":

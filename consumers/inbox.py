@@ -3,13 +3,16 @@
 A claim is an ``INSERT ... ON CONFLICT DO NOTHING`` of ``(consumer, source, event_id)`` in the
 transaction that applies the event's effect, so the claim and the effect commit or roll back
 together. A claim that inserts nothing means the event was applied before: it is skipped.
+:func:`claim_many` claims a whole chunk of events in one statement per ``CLAIM_CHUNK`` keys.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import Insert, delete, select, tuple_
+from sqlalchemy import Insert, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -19,20 +22,28 @@ from outbox.errors import UnsupportedDatabaseError
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_PURGE_CHUNK = 5_000
+# Keys per claim statement. SQLite binds three parameters per row and older builds allow 999;
+# PostgreSQL binds two arrays whatever the count, the bound only keeps statements short.
+CLAIM_CHUNK = {"postgresql": 1_000, "sqlite": 300}
+
+Key = tuple[str, str]
 
 _DIALECT_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
-def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str) -> Insert:
-    """The idempotent INSERT of one inbox row; it returns a row only when it inserted one."""
+def _dialect_insert(dialect_name: str) -> Callable[..., Any]:
     try:
-        dialect_insert = _DIALECT_INSERTS[dialect_name]
+        return _DIALECT_INSERTS[dialect_name]
     except KeyError:
         raise UnsupportedDatabaseError(
             f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
         ) from None
+
+
+def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str) -> Insert:
+    """The idempotent INSERT of one inbox row; it returns a row only when it inserted one."""
     return (
-        dialect_insert(inbox_events)
+        _dialect_insert(dialect_name)(inbox_events)
         .values(
             consumer=consumer,
             source=source,
@@ -51,6 +62,63 @@ async def claim(session: AsyncSession, consumer: str, source: str, event_id: str
     """
     statement = claim_statement(session.get_bind().dialect.name, consumer, source, event_id)
     return (await session.execute(statement)).first() is not None
+
+
+def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) -> Insert:
+    """One INSERT of an inbox row per key, returning ``(source, event_id)`` of each row inserted.
+
+    On PostgreSQL the keys travel as two arrays (``unnest``), so the statement text is the same
+    for any number of keys and stays prepared; on SQLite they are a multi-row VALUES list.
+    """
+    _dialect_insert(dialect_name)  # refuses other databases
+    columns = inbox_events.c
+    if dialect_name == "postgresql":
+        rows = (
+            func.unnest(
+                bindparam("sources", [k[0] for k in keys], type_=postgresql.ARRAY(String)),
+                bindparam("ids", [k[1] for k in keys], type_=postgresql.ARRAY(String)),
+            )
+            .table_valued("source", "event_id")
+            .render_derived(name="claimed")
+        )
+        chosen = select(
+            bindparam("consumer", consumer, type_=String),
+            rows.c.source,
+            rows.c.event_id,
+            db_now_ms(dialect_name),
+        )
+        statement = postgresql.insert(inbox_events).from_select(
+            ["consumer", "source", "event_id", "processed_ms"], chosen
+        )
+    else:
+        now = db_now_ms(dialect_name)
+        statement = sqlite.insert(inbox_events).values(
+            [
+                {"consumer": consumer, "source": source, "event_id": event_id, "processed_ms": now}
+                for source, event_id in keys
+            ]
+        )
+    return statement.on_conflict_do_nothing(
+        index_elements=["consumer", "source", "event_id"]
+    ).returning(columns.source, columns.event_id)
+
+
+async def claim_many(session: AsyncSession, consumer: str, keys: Sequence[Key]) -> set[Key]:
+    """Record every ``(source, event_id)`` of ``keys`` as applied by ``consumer``, in bulk.
+
+    Returns the keys that were not recorded before, i.e. the events to apply; a key given
+    twice is claimed once. Rows are inserted in the order of ``keys``.
+    """
+    unique = list(dict.fromkeys(keys))
+    if not unique:
+        return set()
+    dialect_name = session.get_bind().dialect.name
+    size = CLAIM_CHUNK.get(dialect_name, 300)
+    fresh: set[Key] = set()
+    for start in range(0, len(unique), size):
+        statement = claim_many_statement(dialect_name, consumer, unique[start : start + size])
+        fresh.update((source, event_id) for source, event_id in await session.execute(statement))
+    return fresh
 
 
 async def purge_inbox(

@@ -1,11 +1,15 @@
 """The consumer loop: fetch, apply once through the inbox, dead-letter, then commit offsets.
 
-For each partition's records of a fetched batch, one database transaction holds a SAVEPOINT per
-record: the inbox claim and the handler's work. A record that fails permanently rolls back its
-savepoint and is dead-lettered; one that fails transiently ends the transaction there: what came
-before it commits, and it is retried alone with backoff. The Kafka offset is committed only
-after the database commit and after every dead letter of those records is acknowledged, so a
-crash at any point leads to redelivery, which the inbox absorbs.
+A partition's records of a fetched batch are decoded first, then applied *optimistically*: one
+transaction claims all their inbox rows in one statement (``claim_many``), runs the handlers of
+the new ones in offset order without savepoints, and commits once. If a handler raises, that
+transaction is rolled back; the records before the failing one are applied again without it,
+in a fresh transaction, and the failing one is dead-lettered (permanent failure) or retried
+alone with backoff (any other), exactly as if it had failed on its own. The rest of that batch
+then runs in *careful* mode: per record a SAVEPOINT holding its inbox claim and its handler, so a
+record that fails permanently rolls back only its own work. Either way the Kafka offset is
+committed only after the database commit and after every dead letter of those records is
+acknowledged, so a crash at any point leads to redelivery, which the inbox absorbs.
 """
 
 from __future__ import annotations
@@ -37,13 +41,24 @@ from consumers.errors import (
     error_class,
     safe_message,
 )
-from consumers.inbox import claim, purge_inbox
+from consumers.inbox import claim, claim_many, purge_inbox
 from outbox.db import make_async_engine
 
 log = logging.getLogger("outboxkit.consumer")
 
 POLL_TIMEOUT_MS = 500
 COMMIT_TIMEOUT_S = 30.0
+# Careful mode commits after this many records: PostgreSQL keeps 64 subtransactions per backend
+# in shared memory; beyond that every snapshot of every session consults pg_subtrans.
+CAREFUL_CHUNK = 50
+# Fetch defaults (a consumer option of the app or the caller wins). aiokafka buffers fetched
+# data unparsed, about max_partition_fetch_bytes per assigned partition and never more than
+# fetch_max_bytes per fetch response, and fetches a partition again only once its buffer is
+# consumed: memory stays bounded whatever the backlog. Records are parsed max_batch at a time.
+FETCH_DEFAULTS: dict[str, Any] = {
+    "fetch_max_bytes": 16 * 1024 * 1024,
+    "max_partition_fetch_bytes": 1024 * 1024,
+}
 
 # --------------------------------------------------------------------------------------------
 # TEST-ONLY CRASH HOOK. With OUTBOXKIT_TEST_CRASH_AFTER_COMMIT=N the process SIGKILLs itself
@@ -98,16 +113,42 @@ _SKIP = object()
 
 @dataclass(slots=True)
 class _Failure:
+    """A failed attempt (decoding or the handler) of a record: its error and when."""
+
     error: BaseException
     at_ms: int
     at_monotonic: float
 
+    @property
+    def permanent(self) -> bool:
+        return classify(self.error) is Category.PERMANENT
+
+
+def _failure(error: BaseException) -> _Failure:
+    return _Failure(error, _now_ms(), time.monotonic())
+
+
+# What a record became before any database work: a handler to run, _SKIP, or a failure.
+_Step = _Run | object | _Failure
+
 
 @dataclass(slots=True)
 class _ChunkOutcome:
+    """``done`` records applied, skipped or to dead-letter; ``failure`` of the next one."""
+
     done: int
     letters: list[DeadLetter]
     failure: _Failure | None
+    fell_back: bool = False
+
+
+class _HandlerFailed(Exception):
+    """A handler raised in an optimistic chunk: which record (index in the batch), and what."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(index)
+        self.index = index
+        self.error = error
 
 
 def _now_ms() -> int:
@@ -119,6 +160,11 @@ def _describe(partitions: Iterable[TopicPartition]) -> str:
     for tp in partitions:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
     return ", ".join(f"{t}{sorted(p)}" for t, p in sorted(by_topic.items())) or "none"
+
+
+def _blocks(step: _Step) -> bool:
+    """Whether a record's step stops an optimistic chunk: a failure that is to be retried."""
+    return isinstance(step, _Failure) and not step.permanent
 
 
 class ConsumerRuntime:
@@ -162,6 +208,8 @@ class ConsumerRuntime:
         self._crash_after = _crash_after_commit_setting()
         self._sessions: async_sessionmaker[AsyncSession] | None = None
         self._dlq: DeadLetterPublisher | None = None
+        self._offsets: dict[TopicPartition, int] = {}
+        self._committer: asyncio.Task[None] | None = None
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish the work in hand and return."""
@@ -203,6 +251,7 @@ class ConsumerRuntime:
                 retention.cancel()
                 await asyncio.gather(retention, return_exceptions=True)
             if consumer is not None:
+                await self._flush_commits()
                 await consumer.stop()
             await self._dlq.stop()
             if self._engine is None:
@@ -216,6 +265,7 @@ class ConsumerRuntime:
             "client_id": f"outboxkit-{self.app.name}",
             "auto_offset_reset": "earliest",
             "max_poll_records": self.app.max_batch,
+            **FETCH_DEFAULTS,
         }
         options.update(self._consumer_options)
         options.update(group_id=self.group, enable_auto_commit=False)
@@ -240,14 +290,26 @@ class ConsumerRuntime:
                 continue
             async with self._lock:
                 for tp, records in batch.items():
-                    # After a revocation the fetch positions restart from the committed
-                    # offsets, so records of this (stale) batch come back if still ours.
-                    if not self._current(epoch):
-                        break
                     if tp not in consumer.assignment():
                         continue
-                    self.stats.received += len(records)
-                    await self._process_partition(consumer, tp, records, epoch)
+                    handled = 0
+                    if self._current(epoch):
+                        self.stats.received += len(records)
+                        handled = await self._process_partition(consumer, tp, records, epoch)
+                    if handled < len(records) and not self._stopping:
+                        self._rewind(consumer, tp, records[handled].offset)
+
+    def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        """Fetch ``tp`` again from ``offset``, the first record of a batch left unhandled.
+
+        ``getmany`` moved the position past every record it returned. A rebalance that
+        completed while it waited may have handed the partition back to this member with the
+        position restarted from the committed offset, and the records of this batch were then
+        fetched from there: dropping them without a seek would skip them for good. (When the
+        partition is revoked after all, the next assignment resets the position anyway.)
+        """
+        with contextlib.suppress(IllegalStateError):
+            consumer.seek(tp, offset)
 
     def _current(self, epoch: int) -> bool:
         return not self._stopping and self._epoch == epoch
@@ -258,25 +320,33 @@ class ConsumerRuntime:
         tp: TopicPartition,
         records: Sequence[ConsumerRecord],
         epoch: int,
-    ) -> None:
+    ) -> int:
+        """Apply one partition's records of a batch; return how many were handled."""
+        steps = [self._step(record) for record in records]
+        careful = False
         index = 0
         while index < len(records) and self._current(epoch):
-            outcome = await self._run_chunk(records[index:])
+            if careful:
+                outcome = await self._run_careful(records, steps, index)
+            else:
+                outcome = await self._run_optimistic(records, steps, index)
+                careful = outcome.fell_back
             if outcome.done:
                 if not await self._deliver(outcome.letters, epoch):
-                    return
-                await self._commit(consumer, tp, records[index + outcome.done - 1].offset + 1)
+                    return index
+                self._commit(consumer, tp, records[index + outcome.done - 1].offset + 1)
                 index += outcome.done
             if outcome.failure is None:
                 continue
             record = records[index]
             result = await self._retry_alone(record, outcome.failure, epoch)
             if result is None:
-                return  # abandoned: revoked or stopping; the record will be redelivered
+                return index  # abandoned: revoked or stopping; the record will be redelivered
             if result is not _SKIP and not await self._deliver([result], epoch):
-                return
-            await self._commit(consumer, tp, record.offset + 1)
+                return index
+            self._commit(consumer, tp, record.offset + 1)
             index += 1
+        return index
 
     def _prepare(self, record: ConsumerRecord) -> _Run | object:
         """Decode a record and bind its handler's arguments; ``_SKIP`` if no handler takes it.
@@ -292,6 +362,13 @@ class ConsumerRuntime:
             raise NoHandlerError(f"no handler for this event type on topic {record.topic!r}")
         return _Run(handler, event.get_source(), event.get_id(), handler.bind(event))
 
+    def _step(self, record: ConsumerRecord) -> _Step:
+        """:meth:`_prepare`, with a failure returned instead of raised."""
+        try:
+            return self._prepare(record)
+        except Exception as error:
+            return _failure(error)
+
     async def _apply(self, session: AsyncSession, run: _Run) -> bool:
         """Claim the event and run its handler; ``False`` if it was a duplicate."""
         if not await claim(session, self.app.name, run.source, run.event_id):
@@ -299,43 +376,141 @@ class ConsumerRuntime:
         await run.handler.call(session, run.arguments)
         return True
 
-    async def _run_chunk(self, records: Sequence[ConsumerRecord]) -> _ChunkOutcome:
-        """Apply records in one transaction until the first one that needs a retry."""
+    async def _run_optimistic(
+        self, records: Sequence[ConsumerRecord], steps: list[_Step], start: int
+    ) -> _ChunkOutcome:
+        """Apply ``records[start:]`` in one transaction without savepoints, up to a failure.
+
+        The chunk ends before the first record whose decoding failed other than permanently
+        (it takes the retry path). When a handler raises, everything is rolled back and the
+        records before it are applied again without it; it is then dead-lettered or returned
+        as the failure to retry, and ``fell_back`` asks for careful mode for the rest.
+        """
+        stop = start
+        while stop < len(steps) and not _blocks(steps[stop]):
+            stop += 1
+        fell_back = False
+        while True:
+            try:
+                await self._apply_optimistic(steps, start, stop)
+            except _HandlerFailed as failed:
+                # That was the failing record's first attempt. The ones before it succeeded
+                # but were rolled back with it: they go again, with arguments built afresh,
+                # since a handler may have changed the objects it was given.
+                fell_back = True
+                steps[failed.index] = _failure(failed.error)
+                for i in range(start, failed.index):
+                    if isinstance(steps[i], _Run):
+                        steps[i] = self._step(records[i])
+                blocking = (i for i in range(start, failed.index) if _blocks(steps[i]))
+                stop = next(blocking, failed.index)
+                continue
+            except Exception as error:
+                # The transaction as a whole failed (claim, commit, lost connection): nothing
+                # took effect. The first record is retried alone; the ones after it follow.
+                return _ChunkOutcome(0, [], _failure(error), True)
+            break
+        letters = [
+            self._permanent_letter(records[i], step)
+            for i in range(start, stop)
+            if isinstance(step := steps[i], _Failure)
+        ]
+        done, failure = stop - start, None
+        if stop < len(steps):
+            step = steps[stop]
+            assert isinstance(step, _Failure)
+            if step.permanent:
+                letters.append(self._permanent_letter(records[stop], step))
+                done += 1
+            else:
+                failure = step
+        return _ChunkOutcome(done, letters, failure, fell_back)
+
+    async def _apply_optimistic(self, steps: list[_Step], start: int, stop: int) -> None:
+        """One transaction: claim the events of ``steps[start:stop]`` at once, run handlers.
+
+        Raises :class:`_HandlerFailed` (after the rollback) when a handler raises.
+        """
+        assert self._sessions is not None
+        runs = [(i, step) for i in range(start, stop) if isinstance(step := steps[i], _Run)]
+        unhandled = sum(1 for i in range(start, stop) if steps[i] is _SKIP)
+        applied = 0
+        if runs:
+            failed: _HandlerFailed | None = None
+            try:
+                async with self._sessions() as session, session.begin():
+                    fresh = await claim_many(
+                        session, self.app.name, [(run.source, run.event_id) for _, run in runs]
+                    )
+                    for i, run in runs:
+                        key = (run.source, run.event_id)
+                        if key not in fresh:
+                            continue  # applied before, or earlier in this chunk
+                        fresh.discard(key)
+                        try:
+                            await run.handler.call(session, run.arguments)
+                        except Exception as error:
+                            failed = _HandlerFailed(i, error)
+                            raise failed from None
+                        applied += 1
+            except _HandlerFailed:
+                raise
+            except Exception:
+                if failed is not None:
+                    raise failed from None  # the rollback after the handler's error failed too
+                raise
+            self._after_db_commit()
+        self.stats.applied += applied
+        self.stats.duplicates += len(runs) - applied
+        self.stats.unhandled += unhandled
+
+    async def _run_careful(
+        self, records: Sequence[ConsumerRecord], steps: list[_Step], start: int
+    ) -> _ChunkOutcome:
+        """Apply records in one transaction, a savepoint each, until one needs a retry."""
         assert self._sessions is not None
         done, applied, duplicates, unhandled = 0, 0, 0, 0
         letters: list[DeadLetter] = []
         failure: _Failure | None = None
         try:
             async with self._sessions() as session, session.begin():
-                for record in records:
-                    try:
-                        step = self._prepare(record)
-                        if step is _SKIP:
-                            unhandled += 1
-                        else:
-                            assert isinstance(step, _Run)
+                for index in range(start, min(len(records), start + CAREFUL_CHUNK)):
+                    record, step = records[index], steps[index]
+                    if isinstance(step, _Failure):
+                        if not step.permanent:
+                            failure = step
+                            break
+                        letters.append(self._permanent_letter(record, step))
+                    elif step is _SKIP:
+                        unhandled += 1
+                    else:
+                        assert isinstance(step, _Run)
+                        try:
                             async with session.begin_nested():
                                 fresh = await self._apply(session, step)
+                        except Exception as error:
+                            if classify(error) is not Category.PERMANENT:
+                                failure = _failure(error)
+                                break
+                            letters.append(self._permanent_letter(record, _failure(error)))
+                        else:
                             applied += fresh
                             duplicates += not fresh
-                    except Exception as error:
-                        if classify(error) is not Category.PERMANENT:
-                            failure = _Failure(error, _now_ms(), time.monotonic())
-                            break
-                        now = _now_ms()
-                        letters.append(self._letter(record, "permanent", error, 1, now, now))
                     done += 1
         except Exception as error:
             # The transaction as a whole failed (commit, lost connection): nothing took effect.
             # The first record is retried alone; the ones after it follow once it passes. A
             # record's own error (e.g. the lost connection) says more than the failed commit.
-            cause = failure or _Failure(error, _now_ms(), time.monotonic())
-            return _ChunkOutcome(0, [], cause)
-        self._after_db_commit()
+            return _ChunkOutcome(0, [], failure or _failure(error))
+        if applied or duplicates:
+            self._after_db_commit()
         self.stats.applied += applied
         self.stats.duplicates += duplicates
         self.stats.unhandled += unhandled
         return _ChunkOutcome(done, letters, failure)
+
+    def _permanent_letter(self, record: ConsumerRecord, failure: _Failure) -> DeadLetter:
+        return self._letter(record, "permanent", failure.error, 1, failure.at_ms, failure.at_ms)
 
     async def _retry_alone(
         self, record: ConsumerRecord, failure: _Failure, epoch: int
@@ -433,13 +608,37 @@ class ConsumerRuntime:
             )
             return True
 
-    async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+    def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        """Have ``tp``'s ``offset`` committed in the background, with any others queued.
+
+        The caller has committed the database transaction and delivered the dead letters of
+        everything before ``offset``. One commit request is in flight at a time; offsets queued
+        meanwhile go together in the next one, so the chunks never wait for the broker's
+        answer (a few ms). A revocation and the shutdown wait for the queue to drain.
+        """
+        self._offsets[tp] = offset
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_queued(consumer))
+
+    async def _commit_queued(self, consumer: AIOKafkaConsumer) -> None:
+        while self._offsets:
+            offsets, self._offsets = self._offsets, {}
+            await self._commit_now(consumer, offsets)
+
+    async def _flush_commits(self) -> None:
+        """Wait until every queued offset is committed (or its commit failed)."""
+        if self._committer is not None:
+            await self._committer
+
+    async def _commit_now(
+        self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]
+    ) -> None:
         try:
-            await asyncio.wait_for(consumer.commit({tp: offset}), COMMIT_TIMEOUT_S)
+            await asyncio.wait_for(consumer.commit(offsets), COMMIT_TIMEOUT_S)
         except (CommitFailedError, IllegalStateError) as error:
             # The partition moved to another member; it resumes from the last committed offset
             # and the inbox skips what this process already applied.
-            log.info("offset commit for %s refused: %s", _describe([tp]), type(error).__name__)
+            log.info("offset commit for %s refused: %s", _describe(offsets), type(error).__name__)
             return
         except (KafkaError, TimeoutError) as error:
             if not self._commit_failing:
@@ -498,10 +697,12 @@ class ConsumerRuntime:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Stop retries and later partitions of the batch, then wait for the transaction in
-        # hand: whatever it committed has its offset committed before the lock is released.
+        # hand and the offset commit in flight: whatever was applied has its offset committed
+        # before the rebalance proceeds.
         self._epoch += 1
         self._wakeup.set()
         async with self._lock:
+            await self._flush_commits()
             self.assignment = set()
         if revoked:
             log.info("partitions revoked: %s", _describe(revoked))

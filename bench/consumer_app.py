@@ -1,0 +1,77 @@
+"""The consumer the benchmarks run: one effect row per event, stamped with when the handler ran.
+
+``outboxkit consume bench.consumer_app:app`` runs it as a process; the input topic comes from
+``OUTBOXKIT_BENCH_TOPIC``. In-process benches build their own with :func:`make_app`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cloudevents.core.v1.event import CloudEvent
+from pydantic import BaseModel
+from sqlalchemy import BigInteger, Column, Double, MetaData, String, Table, insert
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.pool import NullPool
+
+from consumers import ConsumerApp
+from outbox.db import make_engine
+
+EVENT_TYPE = "bench.event"
+
+effects_metadata = MetaData()
+bench_effects = Table(
+    "bench_effects",
+    effects_metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("source", String(512), nullable=False),
+    Column("event_id", String(256), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("sent_at", Double, nullable=True),
+    Column("applied_at", Double, nullable=False),
+)
+
+
+class BenchData(BaseModel):
+    """The part of a bench event's data the handler uses (other fields are ignored)."""
+
+    seq: int
+    sent_at: float | None = None
+
+
+def create_effects_table(url: str) -> None:
+    """Create ``bench_effects`` in the database at ``url``."""
+    engine = make_engine(url, poolclass=NullPool)
+    effects_metadata.create_all(engine)
+    engine.dispose()
+
+
+def make_app(
+    topic: str, name: str = "bench", *, write: bool = True, **options: object
+) -> ConsumerApp:
+    """A consumer whose handler inserts one ``bench_effects`` row per event of ``topic``.
+
+    With ``write=False`` the handler takes the same arguments but executes no statement, which
+    leaves the runtime's own work: decoding, validation, inbox claims, commits.
+    """
+    app = ConsumerApp(name=name, retention_interval=None, **options)  # type: ignore[arg-type]
+
+    @app.handler(EVENT_TYPE, topic=topic)
+    async def apply(item: BenchData, event: CloudEvent, session: AsyncSession) -> None:
+        if not write:
+            return
+        await session.execute(
+            insert(bench_effects).values(
+                source=event.get_source(),
+                event_id=event.get_id(),
+                seq=item.seq,
+                sent_at=item.sent_at,
+                applied_at=time.time(),
+            )
+        )
+
+    return app
+
+
+app = make_app(os.environ.get("OUTBOXKIT_BENCH_TOPIC", "bench-input"))

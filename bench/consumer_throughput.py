@@ -1,0 +1,235 @@
+"""Consumer runtime throughput against a baseline: raw aiokafka plus batched effect inserts.
+
+N CloudEvents of about 1 KB (binary mode, as the relay publishes them) are produced once to a
+topic of several partitions. Each side then reads all of them with a consumer group of its own
+and writes one ``bench_effects`` row per event into a fresh PostgreSQL database of its own on the
+same server:
+
+- baseline: an ``AIOKafkaConsumer`` reading batches, taking source/id from the ``ce_`` headers
+  and ``seq`` from the JSON value, inserting the batch's rows in one plain transaction
+  (executemany), then committing the offsets by hand. No inbox, no CloudEvent decoding, no
+  pydantic, no per-record error handling;
+- runtime: a :class:`consumers.ConsumerRuntime` whose handler inserts one row per event
+  (``bench.consumer_app``), with inbox dedupe, in this process;
+- runtime without SQL (``--no-ceiling`` leaves it out): the same, but the handler executes no
+  statement, so only the runtime's own work is left (decoding, pydantic, one inbox claim
+  statement per chunk, commits). It bounds what any handler with one statement per event can
+  reach; it writes no effects, so its inbox rows are counted instead.
+
+Each side's clock starts when its first records are in hand (group join and broker start-up are
+not measured) and stops when all N effects are committed. Usage:
+
+    python -m bench.consumer_throughput [--events 50000] [--partitions 3] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from sqlalchemy import func, insert, select
+
+from bench.common import kafka, postgres_database, report, sample_events
+from bench.consumer_app import bench_effects, create_effects_table, make_app
+from consumers import ConsumerRuntime, inbox_events
+from outbox import encode_binary
+from outbox.db import make_async_engine
+
+BATCH = 500  # max_poll_records of both sides (the runtime's default max_batch)
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, events: list) -> None:
+    """Publish ``events`` in binary mode and wait for every acknowledgement."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+    )
+    await producer.start()
+    try:
+        futures = []
+        for event in events:
+            encoded = encode_binary(event)
+            headers = [(k, v.encode()) for k, v in encoded.headers.items()]
+            futures.append(
+                await producer.send(topic, encoded.payload, key=encoded.key, headers=headers)
+            )
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def count_rows(url: str, table: Any) -> int:
+    """Rows in ``table``."""
+    engine = make_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return int(await connection.scalar(select(func.count()).select_from(table)))
+    finally:
+        await engine.dispose()
+
+
+async def baseline(bootstrap: str, topic: str, url: str, expected: int) -> float:
+    """Seconds for raw consumption plus batched effect inserts and manual offset commits."""
+    engine = make_async_engine(url)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"baseline-{uuid.uuid4().hex[:6]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=BATCH,
+    )
+    statement = insert(bench_effects)
+    await consumer.start()
+    done, started = 0, 0.0
+    try:
+        while done < expected:
+            batch = await consumer.getmany(timeout_ms=500)
+            if not batch:
+                continue
+            started = started or time.perf_counter()
+            for tp, records in batch.items():
+                rows: list[dict[str, Any]] = []
+                for record in records:
+                    headers = dict(record.headers)
+                    rows.append(
+                        {
+                            "source": headers["ce_source"].decode(),
+                            "event_id": headers["ce_id"].decode(),
+                            "seq": json.loads(record.value)["seq"],
+                            "sent_at": None,
+                            "applied_at": time.time(),
+                        }
+                    )
+                async with engine.begin() as connection:
+                    await connection.execute(statement, rows)
+                await consumer.commit({tp: records[-1].offset + 1})
+                done += len(records)
+        return time.perf_counter() - started
+    finally:
+        await consumer.stop()
+        await engine.dispose()
+
+
+async def runtime(bootstrap: str, topic: str, url: str, expected: int, write: bool = True) -> float:
+    """Seconds for a ConsumerRuntime (inbox dedupe, one effect row per handler call)."""
+    app = make_app(topic, write=write)
+    consumer = ConsumerRuntime(
+        app, bootstrap=bootstrap, db_url=url, group=f"runtime-{uuid.uuid4().hex[:6]}"
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+        while not consumer.stats.received:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.002)
+        started = time.perf_counter()
+        while consumer.stats.applied + consumer.stats.duplicates < expected:
+            if task.done():
+                task.result()
+                raise RuntimeError("the consumer runtime stopped on its own")
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - started
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 60)
+
+
+async def runtime_without_sql(bootstrap: str, topic: str, url: str, expected: int) -> float:
+    """Seconds for a ConsumerRuntime whose handler executes no statement."""
+    return await runtime(bootstrap, topic, url, expected, write=False)
+
+
+SIDES = {
+    "baseline": ("baseline: aiokafka + batched inserts", baseline, bench_effects),
+    "runtime": ("runtime: inbox + one INSERT per event", runtime, bench_effects),
+    "ceiling": ("runtime, handler without SQL", runtime_without_sql, inbox_events),
+}
+
+
+def main() -> None:
+    """Produce once, run the sides ``--repeat`` times, interleaved; print rates and ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each side, interleaved")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the no-SQL runtime")
+    args = parser.parse_args()
+    sides = [side for side in SIDES if side != "ceiling" or not args.no_ceiling]
+    events = sample_events(args.events, 1000, args.keys)
+    topic = f"consume-{uuid.uuid4().hex[:6]}"
+    runs: list[dict[str, float]] = []
+    with kafka() as bootstrap:
+        asyncio.run(create_topic(bootstrap, topic, args.partitions))
+        asyncio.run(produce(bootstrap, topic, events))
+        for _ in range(args.repeat):
+            run: dict[str, float] = {}
+            for side in sides:
+                _, measure, table = SIDES[side]
+                with postgres_database() as url:
+                    create_effects_table(url)
+                    run[side] = asyncio.run(measure(bootstrap, topic, url, args.events))
+                    rows = asyncio.run(count_rows(url, table))
+                assert rows == args.events, f"{side}: {rows} {table.name} rows of {args.events}"
+            runs.append(run)
+    table_rows: list[list[Any]] = []
+    for n, run in enumerate(runs, 1):
+        for side in sides:
+            ratio = run["baseline"] / run[side]
+            table_rows.append(
+                [
+                    n,
+                    SIDES[side][0],
+                    run[side],
+                    args.events / run[side],
+                    "-" if side == "baseline" else f"{ratio:.2f}",
+                ]
+            )
+    report(
+        "consumer_throughput",
+        f"{args.events:,} CloudEvents of ~1 KB, {args.partitions} partitions, PostgreSQL",
+        ["run", "side", "seconds", "events/s", "ratio"],
+        table_rows,
+        {
+            "events": args.events,
+            "partitions": args.partitions,
+            "runs": [
+                {
+                    **{f"{side}_seconds": run[side] for side in sides},
+                    **{f"{side}_per_s": args.events / run[side] for side in sides},
+                    **{
+                        f"{side}_ratio": run["baseline"] / run[side]
+                        for side in sides
+                        if side != "baseline"
+                    },
+                }
+                for run in runs
+            ],
+            "target": 0.7,
+        },
+    )
+    ratios = ", ".join(f"{run['baseline'] / run['runtime']:.2f}" for run in runs)
+    print(f"ratio runtime/baseline = {ratios} (target >= 0.7)")
+
+
+if __name__ == "__main__":
+    main()
