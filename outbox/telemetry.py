@@ -25,8 +25,14 @@ HOP_HEADER = "traceparent"
 
 
 def enabled() -> bool:
-    """True when OpenTelemetry is installed (a no-op tracer provider still costs little)."""
-    return trace is not None
+    """True when OpenTelemetry is installed and a tracer provider has been configured.
+
+    With the API alone (the default proxy provider) spans would be no-ops, so per-record span
+    work is skipped entirely.
+    """
+    return trace is not None and not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
 
 
 def current_context_headers() -> dict[str, str]:

@@ -15,8 +15,10 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.clock import db_now_ms
 from outbox.tables import outbox_events, outbox_shard_leases
@@ -96,6 +98,12 @@ class Claims:
             .limit(limit)
             .with_for_update(of=outbox_events, skip_locked=True)
         )
+        if in_flight:
+            # Not merely skipped after the fact: they would fill the LIMIT and starve the claim.
+            candidates_query = candidates_query.where(
+                outbox_events.c.lease_token.is_(None)
+                | outbox_events.c.lease_token.not_in(list(in_flight))
+            )
         async with self.engine.begin() as conn:
             candidates = (await conn.execute(candidates_query)).all()
             chosen = _claimable(candidates, in_flight)
@@ -105,7 +113,7 @@ class Claims:
             # Narrow candidates first, payloads only for the rows actually claimed.
             claimed = await conn.execute(
                 update(outbox_events)
-                .where(outbox_events.c.id.in_(chosen))
+                .where(self._ids(chosen))
                 .values(lease_token=token, lease_until_ms=now_ms + self.lease_ms)
                 .returning(
                     outbox_events.c.id,
@@ -151,11 +159,11 @@ class Claims:
             if published:
                 ids = [row.id for row in published]
                 if delete_published:
-                    statement = delete(outbox_events).where(outbox_events.c.id.in_(ids), mine)
+                    statement = delete(outbox_events).where(self._ids(ids), mine)
                 else:
                     statement = (
                         update(outbox_events)
-                        .where(outbox_events.c.id.in_(ids), mine)
+                        .where(self._ids(ids), mine)
                         .values(published_ms=self._now, lease_token=None, lease_until_ms=None)
                     )
                 matched = (await conn.execute(statement)).rowcount
@@ -185,12 +193,18 @@ class Claims:
         async with self.engine.begin() as conn:
             await conn.execute(self._release_statement(token, rows))
 
-    @staticmethod
-    def _release_statement(token: str, rows: Sequence[ClaimedRow]):
+    def _ids(self, ids: Sequence[int]) -> ColumnElement[bool]:
+        """``id IN (...)``; on PostgreSQL one array parameter (``= ANY``), which compiles once
+        instead of rendering a bind per id."""
+        if self.engine.dialect.name == "postgresql":
+            return outbox_events.c.id == any_(bindparam("ids", list(ids), type_=ARRAY(BigInteger)))
+        return outbox_events.c.id.in_(list(ids))
+
+    def _release_statement(self, token: str, rows: Sequence[ClaimedRow]):
         return (
             update(outbox_events)
             .where(
-                outbox_events.c.id.in_([row.id for row in rows]),
+                self._ids([row.id for row in rows]),
                 outbox_events.c.lease_token == token,
             )
             .values(lease_token=None, lease_until_ms=None)
