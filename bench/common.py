@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from rich.table import Table
 
 from outbox import encode_binary, new_event
 from outbox.db import make_engine
-from outbox.dev.kafka import KafkaBroker
+from outbox.dev.kafka import broker_from_env
 from outbox.dev.postgres import throwaway_database
 from outbox.tables import outbox_events
 from outbox.writer import outbox_row
@@ -23,19 +22,7 @@ from outbox.writer import outbox_row
 RESULTS = Path(__file__).parent / "results"
 
 
-@contextmanager
-def kafka() -> Iterator[str]:
-    """``OUTBOXKIT_KAFKA_BOOTSTRAP`` if set, else a fresh local broker."""
-    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
-    if given:
-        yield given
-        return
-    broker = KafkaBroker()
-    broker.start()
-    try:
-        yield broker.bootstrap
-    finally:
-        broker.close()
+kafka = broker_from_env  # OUTBOXKIT_KAFKA_BOOTSTRAP if set, else a fresh local broker
 
 
 @contextmanager

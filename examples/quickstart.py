@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -31,7 +29,7 @@ from sqlalchemy.orm import Session
 from consumers import ConsumerApp, ConsumerRuntime
 from outbox import Outbox, new_event
 from outbox.db import make_engine
-from outbox.dev.kafka import KafkaBroker
+from outbox.dev.kafka import broker_from_env
 from outbox.logs import configure_logging
 from outbox.migrate import upgrade
 from outbox.tables import outbox_events
@@ -76,21 +74,10 @@ async def invoice_order(order: OrderPlaced, session: AsyncSession) -> None:
     await session.execute(invoices.insert().values(order_id=order.order_id, amount=order.total))
 
 
-@contextmanager
 def kafka():
     """A local broker, unless OUTBOXKIT_KAFKA_BOOTSTRAP names one."""
-    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
-    if given:
-        yield given
-        return
-    print("starting a local Apache Kafka broker (KRaft, 127.0.0.1) ...")
-    broker = KafkaBroker()
-    broker.start()
-    print(f"ready: {broker.bootstrap}")
-    try:
-        yield broker.bootstrap
-    finally:
-        broker.close()
+    print("Kafka: OUTBOXKIT_KAFKA_BOOTSTRAP, else a local Apache Kafka broker (KRaft, 127.0.0.1)")
+    return broker_from_env(on_start=lambda bootstrap: print(f"ready: {bootstrap}"))
 
 
 def place_orders(db_url: str) -> None:

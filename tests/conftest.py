@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from outbox.dev.kafka import KafkaBroker
+from outbox.dev.kafka import KafkaBroker, broker_from_env
 from outbox.dev.postgres import throwaway_database
 from outbox.migrate import upgrade
 
@@ -17,16 +16,8 @@ from outbox.migrate import upgrade
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """The bootstrap address of a real broker: ``OUTBOXKIT_KAFKA_BOOTSTRAP`` or one we start."""
-    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
-    if given:
-        yield given
-        return
-    broker = KafkaBroker()
-    broker.start()
-    try:
-        yield broker.bootstrap
-    finally:
-        broker.close()
+    with broker_from_env() as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture

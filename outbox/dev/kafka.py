@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 KAFKA_VERSION = "4.1.2"
@@ -257,6 +259,26 @@ def _metadata_ok_blocking(bootstrap: str) -> bool:
     probe.start()
     probe.join()
     return bool(answers and answers[0])
+
+
+@contextmanager
+def broker_from_env(on_start: Callable[[str], None] | None = None) -> Iterator[str]:
+    """Yield ``OUTBOXKIT_KAFKA_BOOTSTRAP`` if set, else start a fresh local broker for the block.
+
+    ``on_start`` is called with the bootstrap address once a broker of our own is ready.
+    """
+    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    broker = KafkaBroker()
+    broker.start()
+    if on_start is not None:
+        on_start(broker.bootstrap)
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.close()
 
 
 async def _metadata_ok(bootstrap: str) -> bool:
