@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from consumers.dlq import DEFAULT_DLQ_TOPIC
 from consumers.inbox import DEFAULT_RETENTION
+from consumers.metrics import HANDLER_SECONDS
 from consumers.retry import RetryPolicy
 from consumers.tables import CONSUMER_MAX
 
@@ -81,7 +82,11 @@ class Handler:
         return arguments
 
     async def call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
-        """Run the handler with ``arguments`` and the session (or its sync face)."""
+        """Run the handler with ``arguments`` and the session (or its sync face), timed."""
+        with HANDLER_SECONDS.labels(self.type).time():
+            await self._call(session, arguments)
+
+    async def _call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
         arguments = dict(arguments)
         if self.is_async:
             for param in self.params:

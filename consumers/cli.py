@@ -8,12 +8,15 @@ import os
 import sys
 
 import typer
+from prometheus_client import REGISTRY
 
 from consumers.app import ConsumerApp
+from consumers.metrics import RuntimeCollector
 from consumers.runtime import ConsumerRuntime, serve
 from outbox.cli import CliError, app
 from outbox.cli_commands import DbUrlOption, settings_from
 from outbox.logs import configure_logging
+from outbox.metrics_server import serve_metrics
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -55,6 +58,9 @@ def consume(
         None, "--unhandled", help="Events without a handler: skip or dead-letter."
     ),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+    ),
 ) -> int:
     """Consume events with MODULE:APP's handlers; SIGTERM drains and exits 0."""
     level = log_level.upper()
@@ -70,5 +76,8 @@ def consume(
     runtime = ConsumerRuntime(
         consumer_app, bootstrap=settings.kafka_bootstrap, db_url=settings.db_url, group=group
     )
+    if metrics_port is not None:
+        REGISTRY.register(RuntimeCollector(runtime))
+        serve_metrics(metrics_port)
     asyncio.run(serve(runtime))
     return 0

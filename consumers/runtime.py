@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
@@ -93,6 +93,7 @@ class Stats:
     dlq_failures: int = 0
     db_commits: int = 0
     offset_commits: int = 0
+    dead_lettered_by_class: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -596,6 +597,9 @@ class ConsumerRuntime:
                 self._dlq_down = False
                 log.info("dead-letter topic reachable again")
             self.stats.dead_lettered += len(letters)
+            for letter in letters:
+                by_class = self.stats.dead_lettered_by_class
+                by_class[letter.error_class] = by_class.get(letter.error_class, 0) + 1
             listed = ", ".join(f"@{x.offset} {x.error_class}" for x in letters[:10])
             more = f" and {len(letters) - 10} more" if len(letters) > 10 else ""
             log.warning(
