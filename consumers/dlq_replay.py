@@ -22,20 +22,19 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
 from sqlalchemy import select, tuple_
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 from uuid6 import uuid7
 
 from consumers.dlq_reader import DlqFilter, DlqReader, DlqRecord, UnknownTopicError
 from consumers.replay_tables import REPLAYED_BY_MAX, dlq_replays
 from outbox.clock import db_now_ms
+from outbox.dialects import dialect_insert
 from outbox.ops_support import OpsError, kafka_bounded
 
 CHUNK = 200
 MAX_LISTED = 1000
 
 Status = Literal["replayed", "would replay", "already replayed", "no target", "target missing"]
-_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
 @dataclass(frozen=True)
@@ -327,7 +326,7 @@ class Replayer:
         if not acked:
             return
         dialect = self.engine.dialect.name
-        insert = _INSERTS[dialect]
+        insert = dialect_insert(dialect)
         rows = [
             {
                 "dlq_topic": dlq_topic,

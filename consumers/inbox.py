@@ -8,9 +8,8 @@ together. A claim that inserts nothing means the event was applied before: it is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import Insert, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
@@ -18,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from consumers.tables import inbox_events
 from outbox.clock import db_now_ms
-from outbox.errors import UnsupportedDatabaseError
+from outbox.dialects import dialect_insert, supported
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_PURGE_CHUNK = 5_000
@@ -28,22 +27,11 @@ CLAIM_CHUNK = {"postgresql": 1_000, "sqlite": 300}
 
 Key = tuple[str, str]
 
-_DIALECT_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-
-
-def _dialect_insert(dialect_name: str) -> Callable[..., Any]:
-    try:
-        return _DIALECT_INSERTS[dialect_name]
-    except KeyError:
-        raise UnsupportedDatabaseError(
-            f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
-        ) from None
-
 
 def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str) -> Insert:
     """The idempotent INSERT of one inbox row; it returns a row only when it inserted one."""
     return (
-        _dialect_insert(dialect_name)(inbox_events)
+        dialect_insert(dialect_name)(inbox_events)
         .values(
             consumer=consumer,
             source=source,
@@ -70,7 +58,7 @@ def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) 
     On PostgreSQL the keys travel as two arrays (``unnest``), so the statement text is the same
     for any number of keys and stays prepared; on SQLite they are a multi-row VALUES list.
     """
-    _dialect_insert(dialect_name)  # refuses other databases
+    supported(dialect_name)
     columns = inbox_events.c
     if dialect_name == "postgresql":
         rows = (

@@ -5,6 +5,8 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, literal_column
 from sqlalchemy.sql.elements import ColumnElement
 
+from outbox.dialects import supported
+
 _NOW_MS_SQL = {
     "postgresql": "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint",
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
@@ -13,11 +15,4 @@ _NOW_MS_SQL = {
 
 def db_now_ms(dialect_name: str) -> ColumnElement[int]:
     """Return a SQL expression for the database's current time in epoch milliseconds."""
-    try:
-        return literal_column(_NOW_MS_SQL[dialect_name], BigInteger)
-    except KeyError:
-        from outbox.errors import UnsupportedDatabaseError
-
-        raise UnsupportedDatabaseError(
-            f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
-        ) from None
+    return literal_column(_NOW_MS_SQL[supported(dialect_name)], BigInteger)

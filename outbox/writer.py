@@ -10,19 +10,18 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 from sqlalchemy import Insert
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.clock import db_now_ms
-from outbox.errors import InvalidEventError, UnsupportedDatabaseError
+from outbox.dialects import dialect_insert
+from outbox.errors import InvalidEventError
 from outbox.events import EncodedEvent, encode_binary
 from outbox.sharding import shard_for
 from outbox.tables import outbox_events
 from outbox.telemetry import current_context_headers
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_DIALECT_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
 class Outbox:
@@ -90,15 +89,9 @@ def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
 
 def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Insert:
     """Build the idempotent INSERT of one encoded event (``ON CONFLICT DO NOTHING``)."""
-    try:
-        dialect_insert = _DIALECT_INSERTS[dialect_name]
-    except KeyError:
-        raise UnsupportedDatabaseError(
-            f"outboxkit supports postgresql and sqlite, not {dialect_name!r}"
-        ) from None
     values = outbox_row(encoded, topic, db_now_ms(dialect_name))
     return (
-        dialect_insert(outbox_events)
+        dialect_insert(dialect_name)(outbox_events)
         .values(values)
         .on_conflict_do_nothing(index_elements=["source", "event_id"])
         .returning(outbox_events.c.id)

@@ -15,7 +15,6 @@ import uuid
 from typing import Any
 
 from sqlalchemy import ColumnElement, Insert, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from outbox.actions import events, metrics
@@ -45,13 +44,12 @@ from outbox.actions.states import REPLACEABLE, State, check_transition
 from outbox.actions.tables import agent_operation_audit as audit
 from outbox.actions.tables import agent_operations as ops
 from outbox.clock import db_now_ms
-from outbox.errors import UnsupportedDatabaseError
+from outbox.dialects import dialect_insert, supported
 from outbox.writer import Outbox
 
 DEFAULT_LEASE_MS = 60_000
 DEFAULT_TTL_MS = 24 * 3600 * 1000
 _MAX_RACES = 8  # re-reads after losing a compare-and-set; each loss means someone progressed
-_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 _RESOLUTION_TARGET = {
     Resolution.SUCCEEDED: State.SUCCEEDED,
     Resolution.FAILED: State.FAILED_FINAL,
@@ -162,7 +160,7 @@ class ActionStore:
         dialect = _dialect(session)
         now = db_now_ms(dialect)
         statement: Insert = (
-            _INSERTS[dialect](ops)
+            dialect_insert(dialect)(ops)
             .values(
                 tenant=tenant,
                 op_key=key,
@@ -710,10 +708,7 @@ def _execute(op: OperationRecord) -> Decision:
 
 
 def _dialect(session: AsyncSession) -> str:
-    name = session.get_bind().dialect.name
-    if name not in _INSERTS:
-        raise UnsupportedDatabaseError(f"outboxkit supports postgresql and sqlite, not {name!r}")
-    return name
+    return supported(session.get_bind().dialect.name)
 
 
 def _positive_ms(name: str, value: int) -> int:
