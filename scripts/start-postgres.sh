@@ -2,6 +2,9 @@
 # Installs PostgreSQL from Debian's packages if needed, starts the cluster, and gives the
 # postgres user a password for TCP logins on 127.0.0.1. Idempotent. Prints the URL to use.
 set -euo pipefail
+# Only the URL goes to stdout (callers capture it); everything the tools print goes to stderr,
+# e.g. pg_ctlcluster's "Removed stale pid file." after an unclean shutdown.
+exec 3>&1 1>&2
 PG_PASSWORD="${OUTBOXKIT_PG_PASSWORD:-postgres}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -18,7 +21,10 @@ fi
 if [ "$STATUS" != "online" ]; then
   # More connections than the default 100: tests run several relays and consumers at once.
   $SUDO pg_conftool "$VERSION" "$CLUSTER" set max_connections 300 >/dev/null
-  $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" start
+  # 3>&- keeps the daemon from holding the caller's capture pipe open. One retry: after an
+  # unclean stop the first start can trip over a socket lock file the dead server left behind.
+  $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" start 3>&- \
+    || { sleep 2; $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" start 3>&-; }
 fi
 for _ in $(seq 1 60); do
   pg_isready -q -h 127.0.0.1 -p "$PORT" && break
@@ -30,4 +36,4 @@ if [ -z "$SUDO" ]; then
 else
   sudo -u postgres psql -q -p "$PORT" -c "$SQL" >/dev/null
 fi
-echo "postgresql://postgres:${PG_PASSWORD}@127.0.0.1:${PORT}/postgres"
+echo "postgresql://postgres:${PG_PASSWORD}@127.0.0.1:${PORT}/postgres" >&3
