@@ -47,8 +47,9 @@ def bulk_fill(url: str, topic: str, events: list, chunk: int = 5000) -> None:
     now_ms = int(time.time() * 1000)
     with engine.begin() as conn:
         for start in range(0, len(events), chunk):
+            times = {"created_ms": now_ms, "available_ms": now_ms, "attempts": 0}
             rows = [
-                outbox_row(encode_binary(event), topic, now_ms)
+                outbox_row(encode_binary(event), topic) | times
                 for event in events[start : start + chunk]
             ]
             conn.execute(outbox_events.insert(), rows)

@@ -1,12 +1,13 @@
 """Commit-to-Kafka and commit-to-effect latency at a steady rate (relay woken by LISTEN/NOTIFY).
 
-Writers commit single-event transactions at a steady total rate (default 1,000 events/s) into
-PostgreSQL; a relay process publishes them; a plain consumer in this process stamps each record
-when it arrives (commit-to-Kafka); a consumer runtime process (``outboxkit consume
-bench.consumer_app:app``) applies each event as an effect row stamped with the time its handler
-ran (commit-to-effect: relay, broker, fetch, decoding, inbox claim and handler; the chunk's
-database commit follows within a few ms). Both run from just before COMMIT (the time is stored
-in the event as ``sent_at``), so they slightly overstate the true latencies. Usage:
+Writers (a process of their own) commit single-event transactions at a steady total rate
+(default 1,000 events/s) into PostgreSQL; a relay process publishes them; a plain consumer in
+this process stamps each record when it arrives (commit-to-Kafka); a consumer runtime process
+(``outboxkit consume bench.consumer_app:app``) applies each event as an effect row stamped with
+the time its handler ran (commit-to-effect: relay, broker, fetch, decoding, inbox claim and
+handler; the chunk's database commit follows within a few ms). Both run from just before
+COMMIT (the time is stored in the event as ``sent_at``), so they slightly overstate the true
+latencies. Usage:
 
     python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer]
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -37,6 +39,12 @@ from outbox.db import make_async_engine
 
 WRITERS = 8
 PARTITIONS = 3
+
+
+def write_in_own_process(url: str, topic: str, rate: int, seconds: float) -> None:
+    """Entry point of the writer process: the writers must not share the reader's event loop,
+    or the reader would stamp arrivals late whenever a writer holds the loop."""
+    asyncio.run(write_steadily(url, topic, rate, seconds))
 
 
 async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> int:
@@ -180,7 +188,13 @@ async def measure(
         expected = int(rate * seconds)
         reader = asyncio.create_task(collect(bootstrap, topic, expected, seconds + 60))
         await asyncio.sleep(3)  # relay start-up and reader assignment are not measured
-        await write_steadily(url, topic, rate, seconds)
+        writers = multiprocessing.get_context("spawn").Process(
+            target=write_in_own_process, args=(url, topic, rate, seconds)
+        )
+        writers.start()
+        await asyncio.to_thread(writers.join)
+        if writers.exitcode != 0:
+            raise RuntimeError(f"writer process failed with exit code {writers.exitcode}")
         to_kafka = await reader
         to_effect = await effect_latencies(url, expected, 60) if consume else []
         return to_kafka, to_effect

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 _ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
 _SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# The query parameter each PostgreSQL driver reads for TLS, and its "no TLS" value.
+_NO_TLS = {"postgresql+asyncpg": ("ssl", "disable"), "postgresql+psycopg": ("sslmode", "disable")}
 
 
 def async_url(url: str) -> str:
@@ -28,7 +31,23 @@ def _with_driver(url: str, drivers: dict[str, str]) -> str:
     backend = parsed.get_backend_name()
     if backend not in drivers:
         raise ValueError(f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://")
-    return parsed.set(drivername=drivers[backend]).render_as_string(hide_password=False)
+    parsed = _without_loopback_tls(parsed.set(drivername=drivers[backend]))
+    return parsed.render_as_string(hide_password=False)
+
+
+def _without_loopback_tls(url: URL) -> URL:
+    """Turn TLS off for a server on this host unless the URL asks for something else.
+
+    The drivers' default ("prefer") negotiates TLS even over loopback, where it protects
+    nothing and costs the relay about a quarter of its throughput (bench/README.md).
+    """
+    parameter = _NO_TLS.get(url.drivername)
+    if parameter is None or url.host not in LOOPBACK_HOSTS:
+        return url
+    if "ssl" in url.query or "sslmode" in url.query:
+        return url
+    name, value = parameter
+    return url.update_query_dict({name: value})
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

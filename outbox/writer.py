@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -9,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
-from sqlalchemy import Insert
+from sqlalchemy import Insert, bindparam
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -58,8 +59,8 @@ class Outbox:
         """Add ``event`` to the session's transaction; return ``False`` if it was a duplicate."""
         if isinstance(session, AsyncSession) or not isinstance(session, Session):
             raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
-        statement = self._insert(session.get_bind().dialect.name, event, topic)
-        return session.execute(statement).first() is not None
+        statement, values = self._insert(session.get_bind().dialect.name, event, topic)
+        return session.execute(statement, values).first() is not None
 
     async def add_async(
         self, session: AsyncSession, event: CloudEvent, *, topic: str | None = None
@@ -67,12 +68,15 @@ class Outbox:
         """Add ``event`` to the async session's transaction; ``False`` if it was a duplicate."""
         if not isinstance(session, AsyncSession):
             raise TypeError("Outbox.add_async takes an AsyncSession; use outbox.add(...)")
-        statement = self._insert(session.get_bind().dialect.name, event, topic)
-        return (await session.execute(statement)).first() is not None
+        statement, values = self._insert(session.get_bind().dialect.name, event, topic)
+        return (await session.execute(statement, values)).first() is not None
 
-    def _insert(self, dialect_name: str, event: CloudEvent, topic: str | None) -> Insert:
+    def _insert(
+        self, dialect_name: str, event: CloudEvent, topic: str | None
+    ) -> tuple[Insert, dict[str, Any]]:
         encoded = with_origin_trace(encode_binary(event))
-        return insert_encoded(dialect_name, encoded, self.topic_for(encoded.type, topic))
+        topic = self.topic_for(encoded.type, topic)
+        return insert_statement(dialect_name), outbox_row(encoded, topic)
 
 
 def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
@@ -87,19 +91,28 @@ def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
     return replace(encoded, headers={**origin, **encoded.headers})
 
 
-def insert_encoded(dialect_name: str, encoded: EncodedEvent, topic: str) -> Insert:
-    """Build the idempotent INSERT of one encoded event (``ON CONFLICT DO NOTHING``)."""
-    values = outbox_row(encoded, topic, db_now_ms(dialect_name))
+@functools.cache
+def insert_statement(dialect_name: str) -> Insert:
+    """The idempotent INSERT of one outbox row (``ON CONFLICT DO NOTHING``), built once.
+
+    Values come as parameters (see :func:`outbox_row`); the creation time is the database's
+    clock. Building the statement per call cost more than the round trip it sends.
+    """
+    now_ms = db_now_ms(dialect_name)
+    columns = {name: bindparam(name) for name in _ROW_COLUMNS}
     return (
         dialect_insert(dialect_name)(outbox_events)
-        .values(values)
+        .values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)
         .on_conflict_do_nothing(index_elements=["source", "event_id"])
         .returning(outbox_events.c.id)
     )
 
 
-def outbox_row(encoded: EncodedEvent, topic: str, now_ms: Any) -> dict[str, Any]:
-    """Column values of the outbox row for ``encoded``; ``now_ms`` is a value or SQL expression."""
+_ROW_COLUMNS = ("source", "event_id", "type", "topic", "kafka_key", "shard", "headers", "payload")
+
+
+def outbox_row(encoded: EncodedEvent, topic: str) -> dict[str, Any]:
+    """Parameters of :func:`insert_statement` for ``encoded`` (the row minus its times)."""
     return {
         "source": encoded.source,
         "event_id": encoded.id,
@@ -109,9 +122,6 @@ def outbox_row(encoded: EncodedEvent, topic: str, now_ms: Any) -> dict[str, Any]
         "shard": shard_for(encoded.key, encoded.id),
         "headers": json.dumps(encoded.headers, separators=(",", ":")),
         "payload": encoded.payload,
-        "created_ms": now_ms,
-        "available_ms": now_ms,
-        "attempts": 0,
     }
 
 

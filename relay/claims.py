@@ -26,9 +26,9 @@ from outbox.tables import outbox_events, outbox_shard_leases
 PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ClaimedRow:
-    """One outbox row claimed for publication."""
+    """One outbox row claimed for publication (compared by identity: one object per claim)."""
 
     id: int
     topic: str
@@ -125,16 +125,18 @@ class Claims:
                 )
             )
             rows = sorted(claimed.all(), key=lambda row: row.id)
+        # One JSON parse for the whole batch instead of one per row.
+        all_headers = json.loads("[" + ",".join(row.headers for row in rows) + "]")
         return [
             ClaimedRow(
-                id=row.id,
-                topic=row.topic,
-                key=row.kafka_key,
-                headers=[(k, v.encode()) for k, v in json.loads(row.headers).items()],
-                payload=row.payload,
-                attempts=row.attempts,
+                row.id,
+                row.topic,
+                row.kafka_key,
+                [(name, value.encode()) for name, value in headers.items()],
+                row.payload,
+                row.attempts,
             )
-            for row in rows
+            for row, headers in zip(rows, all_headers, strict=True)
         ]
 
     async def settle(

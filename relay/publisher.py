@@ -124,6 +124,7 @@ class Publisher:
         pending: list[tuple[ClaimedRow, asyncio.Future]] = []
         spans: dict[int, Any] = {}
         started = time.perf_counter()
+        tracing = telemetry.enabled()
         for index, row in enumerate(rows):
             if row.key is not None and row.key in failed_keys:
                 outcome.released.append(row)
@@ -132,7 +133,7 @@ class Publisher:
                 self._fail(outcome, failed_keys, row, missing_topics[row.topic])
                 continue
             headers = row.headers
-            if telemetry.enabled():
+            if tracing:
                 spans[row.id], headers = _publish_span(row)
             try:
                 future = await producer.send(

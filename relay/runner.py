@@ -135,37 +135,50 @@ class Relay:
     async def _relay_batches(self) -> int:
         """Publish batches back to back while they come full; return the rows claimed.
 
-        While batch N is being acknowledged, batch N+1 is claimed (the database and Kafka work
-        overlap). N+1 is sent only after N's outcome is known, so a key whose row failed in N
-        is held back, and per-key order holds.
+        Three things overlap: batch N+1 is being acknowledged, batch N is being settled in the
+        database, and batch N+2 is being claimed. N+2 is sent only after N+1's outcome is
+        known, and rows of a key that failed in N or N+1 are given back, so a key never
+        overtakes its own failed row, whether or not N's settle has written the retry yet.
         """
         await self.publisher.start()  # before claiming, so an outage leaves no row leased
         token = str(uuid.uuid4())
         rows = await self.claims.claim(token, self.options.batch_size)
         total = 0
-        while rows:
-            total += len(rows)
-            sending = asyncio.ensure_future(self.publisher.publish(rows))
-            next_token, next_rows = str(uuid.uuid4()), []
-            try:
-                if len(rows) >= self.options.batch_size:
-                    next_rows = await self.claims.claim(
-                        next_token, self.options.batch_size, frozenset({token})
-                    )
-            finally:
-                outcome = await sending
-                await self._settle(token, outcome)
-            held_back = [row for row in next_rows if row.key in outcome.failed_keys]
-            if outcome.outage is not None:
-                held_back = next_rows
-            if held_back:
-                await self.claims.release(next_token, held_back)
-            if outcome.outage is not None:
-                await self.publisher.reset()
-                raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
-            self.kafka.succeeded()
-            rows = [row for row in next_rows if row not in held_back]
-            token = next_token
+        settling: asyncio.Future | None = None
+        settling_token = ""
+        settling_failed_keys: set[bytes] = set()
+        try:
+            while rows:
+                total += len(rows)
+                sending = asyncio.ensure_future(self.publisher.publish(rows))
+                next_token, next_rows = str(uuid.uuid4()), []
+                try:
+                    if len(rows) >= self.options.batch_size:
+                        in_flight = {token, settling_token} if settling else {token}
+                        next_rows = await self.claims.claim(
+                            next_token, self.options.batch_size, frozenset(in_flight)
+                        )
+                finally:
+                    outcome = await sending
+                    if settling is not None:
+                        await settling  # at most one settle outstanding; its errors surface
+                    settling = asyncio.ensure_future(self._settle(token, outcome))
+                failed_keys = outcome.failed_keys | settling_failed_keys
+                settling_token, settling_failed_keys = token, outcome.failed_keys
+                held_back = [row for row in next_rows if row.key in failed_keys]
+                if outcome.outage is not None:
+                    held_back = next_rows
+                if held_back:
+                    await self.claims.release(next_token, held_back)
+                if outcome.outage is not None:
+                    await self.publisher.reset()
+                    raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+                self.kafka.succeeded()
+                rows = [row for row in next_rows if row not in held_back]
+                token = next_token
+        finally:
+            if settling is not None:
+                await settling
         return total
 
     async def _sample_backlog(self) -> None:
