@@ -1,17 +1,24 @@
 """Prometheus metrics of the consumer runtime (served with ``outboxkit consume --metrics-port``).
 
 Counters are read from the runtime's own :class:`~consumers.runtime.Stats` at scrape time, so
-the hot path pays nothing for them; the handler duration is a histogram observed per call.
-Labels hold the consumer name, event types and error classes only.
+the hot path pays nothing for them; the handler duration is a histogram observed per call, and
+the time from an event's ``time`` to the commit of its effect is observed per applied event once
+its transaction committed (see :mod:`consumers.tracing`). The lag per partition is computed at
+scrape time from the consumer's high watermark and the runtime's :class:`Positions`.
+Labels hold the consumer name, topics, partitions, event types and error classes only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import IllegalStateError
 from prometheus_client import Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -22,6 +29,13 @@ HANDLER_SECONDS = Histogram(
     "Handler duration per call, by event type.",
     ["event_type"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
+
+COMMIT_TO_EFFECT = Histogram(
+    "outboxkit_consumer_commit_to_effect_seconds",
+    "From the event's time (else the Kafka record timestamp) to the commit of its effect.",
+    ["consumer"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
 
 _COUNTERS = (
@@ -37,8 +51,8 @@ class RuntimeCollector(Collector):
     def __init__(self, runtime: ConsumerRuntime) -> None:
         self.runtime = runtime
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        """One family per counter, read from the runtime's stats now."""
+    def collect(self) -> Iterator[Metric]:
+        """One family per counter, read from the runtime's stats now, and the lag gauge."""
         name = self.runtime.app.name
         stats = self.runtime.stats
         for metric, help_text, field in _COUNTERS:
@@ -53,3 +67,70 @@ class RuntimeCollector(Collector):
         for error_class, count in sorted(stats.dead_lettered_by_class.items()):
             letters.add_metric([name, error_class], count)
         yield letters
+        lag = GaugeMetricFamily(
+            "outboxkit_consumer_lag",
+            "Records not handled yet: high watermark minus the next offset to handle.",
+            labels=["consumer", "topic", "partition"],
+        )
+        for (topic, partition), value in sorted(self.runtime.positions.lags().items()):
+            lag.add_metric([name, topic, str(partition)], value)
+        yield lag
+
+
+class Positions:
+    """The next offset to handle per assigned partition, kept by the runtime for the lag gauge.
+
+    aiokafka's ``position()`` is a coroutine and runs ahead of the handlers (it counts what was
+    fetched), so the runtime records what it handled; the high watermark (sync) is read from
+    the consumer at scrape time. Scrapes run in another thread: they only read.
+    """
+
+    def __init__(self) -> None:
+        self.consumer: AIOKafkaConsumer | None = None
+        self._next: dict[TopicPartition, int] = {}
+
+    def handled(self, tp: TopicPartition, next_offset: int) -> None:
+        """Everything of ``tp`` before ``next_offset`` was applied, skipped or dead-lettered."""
+        self._next[tp] = next_offset
+
+    async def fetched(
+        self, consumer: AIOKafkaConsumer, batch: Mapping[TopicPartition, Sequence[ConsumerRecord]]
+    ) -> None:
+        """Learn where handling starts on partitions this runtime has not handled yet.
+
+        The first record fetched after an assignment is at the committed offset. A partition
+        that returned no record but has a high watermark has a valid position, which
+        ``position()`` then returns without a network round trip.
+        """
+        assigned = consumer.assignment()
+        for tp, records in batch.items():
+            if records and tp in assigned and tp not in self._next:
+                self._next[tp] = records[0].offset
+        for tp in assigned - self._next.keys():
+            if consumer.highwater(tp) is None:
+                continue
+            with contextlib.suppress(IllegalStateError, TimeoutError):
+                self._next.setdefault(tp, await asyncio.wait_for(consumer.position(tp), 1.0))
+
+    def revoked(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Forget ``partitions`` (all if ``None``): another member handles them now."""
+        if partitions is None:
+            self._next = {}
+            return
+        for tp in partitions:
+            self._next.pop(tp, None)
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        """High watermark minus the next offset to handle, per partition with both known."""
+        consumer = self.consumer
+        if consumer is None:
+            return {}
+        lags: dict[tuple[str, int], int] = {}
+        for tp, next_offset in self._next.copy().items():
+            try:
+                highwater = consumer.highwater(tp)
+            except (AssertionError, AttributeError, KeyError):  # revoked meanwhile
+                continue
+            if highwater is not None:
+                lags[(tp.topic, tp.partition)] = max(0, highwater - next_offset)
+        return lags

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from cloudevents.core.v1.event import CloudEvent
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -42,6 +43,8 @@ from consumers.errors import (
     safe_message,
 )
 from consumers.inbox import claim, claim_many, purge_inbox
+from consumers.metrics import Positions
+from consumers.tracing import HandlerTelemetry, Transaction
 from outbox.db import make_async_engine
 
 log = logging.getLogger("outboxkit.consumer")
@@ -107,6 +110,8 @@ class _Run:
     source: str
     event_id: str
     arguments: dict[str, Any]
+    record: ConsumerRecord
+    event: CloudEvent
 
 
 _SKIP = object()
@@ -211,6 +216,10 @@ class ConsumerRuntime:
         self._dlq: DeadLetterPublisher | None = None
         self._offsets: dict[TopicPartition, int] = {}
         self._committer: asyncio.Task[None] | None = None
+        # Telemetry hooks (consumers.tracing, consumers.metrics): spans and commit times per
+        # handler call, and the next offset to handle per partition for the lag gauge.
+        self.telemetry = HandlerTelemetry(self.group, app.name)
+        self.positions = Positions()
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish the work in hand and return."""
@@ -235,6 +244,7 @@ class ConsumerRuntime:
             await self._check_database(engine)
             await self._dlq.start()
             consumer = self._new_consumer()
+            self.positions.consumer = consumer
             consumer.subscribe(self.app.topics, listener=_Listener(self))
             log.info(
                 "starting: consumer=%s group=%s topics=%s",
@@ -254,6 +264,9 @@ class ConsumerRuntime:
             if consumer is not None:
                 await self._flush_commits()
                 await consumer.stop()
+            self.telemetry.forget()
+            self.positions.consumer = None
+            self.positions.revoked()
             await self._dlq.stop()
             if self._engine is None:
                 await engine.dispose()
@@ -287,6 +300,7 @@ class ConsumerRuntime:
             if self._stopping:
                 break
             batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
+            await self.positions.fetched(consumer, batch)
             if not batch:
                 continue
             async with self._lock:
@@ -361,7 +375,7 @@ class ConsumerRuntime:
             if self.app.unhandled == "skip":
                 return _SKIP
             raise NoHandlerError(f"no handler for this event type on topic {record.topic!r}")
-        return _Run(handler, event.get_source(), event.get_id(), handler.bind(event))
+        return _Run(handler, event.get_source(), event.get_id(), handler.bind(event), record, event)
 
     def _step(self, record: ConsumerRecord) -> _Step:
         """:meth:`_prepare`, with a failure returned instead of raised."""
@@ -370,11 +384,14 @@ class ConsumerRuntime:
         except Exception as error:
             return _failure(error)
 
-    async def _apply(self, session: AsyncSession, run: _Run) -> bool:
+    async def _apply(
+        self, session: AsyncSession, run: _Run, calls: Transaction, attempt: int = 1
+    ) -> bool:
         """Claim the event and run its handler; ``False`` if it was a duplicate."""
         if not await claim(session, self.app.name, run.source, run.event_id):
             return False
-        await run.handler.call(session, run.arguments)
+        with calls.call(run.record, run.event, attempt):
+            await run.handler.call(session, run.arguments)
         return True
 
     async def _run_optimistic(
@@ -438,6 +455,7 @@ class ConsumerRuntime:
         applied = 0
         if runs:
             failed: _HandlerFailed | None = None
+            calls = self.telemetry.transaction()
             try:
                 async with self._sessions() as session, session.begin():
                     fresh = await claim_many(
@@ -449,17 +467,21 @@ class ConsumerRuntime:
                             continue  # applied before, or earlier in this chunk
                         fresh.discard(key)
                         try:
-                            await run.handler.call(session, run.arguments)
+                            with calls.call(run.record, run.event, 1):
+                                await run.handler.call(session, run.arguments)
                         except Exception as error:
                             failed = _HandlerFailed(i, error)
                             raise failed from None
                         applied += 1
             except _HandlerFailed:
+                calls.rolled_back()
                 raise
             except Exception:
+                calls.rolled_back()
                 if failed is not None:
                     raise failed from None  # the rollback after the handler's error failed too
                 raise
+            calls.committed()
             self._after_db_commit()
         self.stats.applied += applied
         self.stats.duplicates += len(runs) - applied
@@ -473,6 +495,7 @@ class ConsumerRuntime:
         done, applied, duplicates, unhandled = 0, 0, 0, 0
         letters: list[DeadLetter] = []
         failure: _Failure | None = None
+        calls = self.telemetry.transaction()
         try:
             async with self._sessions() as session, session.begin():
                 for index in range(start, min(len(records), start + CAREFUL_CHUNK)):
@@ -488,7 +511,7 @@ class ConsumerRuntime:
                         assert isinstance(step, _Run)
                         try:
                             async with session.begin_nested():
-                                fresh = await self._apply(session, step)
+                                fresh = await self._apply(session, step, calls)
                         except Exception as error:
                             if classify(error) is not Category.PERMANENT:
                                 failure = _failure(error)
@@ -502,7 +525,9 @@ class ConsumerRuntime:
             # The transaction as a whole failed (commit, lost connection): nothing took effect.
             # The first record is retried alone; the ones after it follow once it passes. A
             # record's own error (e.g. the lost connection) says more than the failed commit.
+            calls.rolled_back()
             return _ChunkOutcome(0, [], failure or _failure(error))
+        calls.committed()
         if applied or duplicates:
             self._after_db_commit()
         self.stats.applied += applied
@@ -533,10 +558,12 @@ class ConsumerRuntime:
             if delay is None:
                 log.warning("gave up on %s after %d attempts", where, attempts)
                 return self._letter(record, "exhausted", error, attempts, first_ms, last_ms)
+            self.telemetry.retrying(record, attempts, error)
             if not await self._pause(delay, epoch):
                 log.info("abandoned retry of %s (stopping or partitions revoked)", where)
                 return None
             self.stats.retries += 1
+            calls = self.telemetry.transaction()
             try:
                 step = self._prepare(record)
                 if step is _SKIP:
@@ -544,12 +571,14 @@ class ConsumerRuntime:
                     return _SKIP
                 assert isinstance(step, _Run)
                 async with self._sessions() as session, session.begin():
-                    fresh = await self._apply(session, step)
+                    fresh = await self._apply(session, step, calls, attempts + 1)
             except Exception as next_error:
+                calls.rolled_back()
                 attempts, error, last_ms = attempts + 1, next_error, _now_ms()
                 if classify(error) is Category.PERMANENT:
                     return self._letter(record, "permanent", error, attempts, first_ms, last_ms)
                 continue
+            calls.committed()
             self._after_db_commit()
             self.stats.applied += fresh
             self.stats.duplicates += not fresh
@@ -621,6 +650,7 @@ class ConsumerRuntime:
         answer (a few ms). A revocation and the shutdown wait for the queue to drain.
         """
         self._offsets[tp] = offset
+        self.positions.handled(tp, offset)
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_queued(consumer))
 
@@ -663,6 +693,7 @@ class ConsumerRuntime:
         first_ms: int,
         last_ms: int,
     ) -> DeadLetter:
+        self.telemetry.dead_lettered(record, attempts, error, error_class(category, error))
         return DeadLetter(
             topic=record.topic,
             partition=record.partition,
@@ -708,6 +739,8 @@ class ConsumerRuntime:
         async with self._lock:
             await self._flush_commits()
             self.assignment = set()
+            self.telemetry.forget(revoked)
+            self.positions.revoked(revoked)
         if revoked:
             log.info("partitions revoked: %s", _describe(revoked))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,24 @@ def db_url(request: pytest.FixtureRequest) -> str:
     """Each test using it runs once on SQLite and once on PostgreSQL."""
     fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
     return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(scope="session")
+def span_exporter() -> Any:
+    """An in-memory exporter of every span finished in this process (call ``clear()`` first).
+
+    OpenTelemetry allows one global tracer provider per process, so every test module that
+    looks at spans shares this one.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter

@@ -1,15 +1,28 @@
-"""Consumer metrics scraped over real HTTP after a scripted run: N applied, D duplicates, 1 DLQ."""
+"""Consumer metrics scraped over real HTTP after a scripted run: N applied, D duplicates, 1 DLQ;
+and the lag gauge read in-process while a handler holds a partition."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.request
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
+from consumers import ConsumerApp
+from consumers.metrics import RuntimeCollector
 from outbox import new_event
 from outbox.dev.kafka import free_port
-from tests.consumer_apps import WIDGET_TYPE
-from tests.consumer_helpers import create_effects_table, effect_rows, produce_events
+from tests.consumer_apps import WIDGET_TYPE, Widget
+from tests.consumer_helpers import (
+    alive,
+    create_effects_table,
+    create_topic,
+    effect_rows,
+    produce_events,
+    running,
+)
 from tests.kafka_helpers import wait_for
 from tests.processes import start_cli, terminate
 
@@ -23,6 +36,16 @@ def _scrape(port: int) -> str:
             return response.read().decode()
     except OSError:
         return ""
+
+
+def _lags(text: str, topic: str) -> dict[str, float]:
+    """``outboxkit_consumer_lag`` of the effects consumer per partition of ``topic``."""
+    lags: dict[str, float] = {}
+    for labels, value in re.findall(r"^outboxkit_consumer_lag\{(.*)\} (\S+)$", text, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if found.get("consumer") == "effects" and found.get("topic") == topic:
+            lags[found["partition"]] = float(value)
+    return lags
 
 
 def _value(text: str, sample: str) -> float:
@@ -53,6 +76,7 @@ async def test_counters_equal_applied_duplicates_and_dead_letters(
             lambda t: (
                 'outboxkit_consumer_dead_lettered_total{consumer="effects"' in t
                 and f'outboxkit_consumer_processed_total{{consumer="effects"}} {N}.0' in t
+                and set(_lags(t, topic).values()) == {0.0}
             ),
             90,
             "the run reflected in the metrics",
@@ -68,5 +92,44 @@ async def test_counters_equal_applied_duplicates_and_dead_letters(
     assert (
         _value(text, 'outboxkit_consumer_handler_seconds_count{event_type="widget.created"}') >= N
     )
+    effect = 'outboxkit_consumer_commit_to_effect_seconds_count{consumer="effects"}'
+    assert _value(text, effect) == N, "one observation per applied event"
+    assert _lags(text, topic) == {"0": 0.0}, "everything handled: no lag"
     assert SECRET not in text
     assert SECRET not in log.read_text()
+
+
+async def test_lag_counts_records_a_blocked_handler_holds_back_then_drops_to_zero(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    await create_topic(kafka_bootstrap, topic, partitions=1)
+    await produce_events(
+        kafka_bootstrap, topic, [new_event(WIDGET_TYPE, "/lag", {"n": n}) for n in range(5)]
+    )
+    app = ConsumerApp(name=f"lag-{topic}", retention_interval=None)
+    gate = asyncio.Event()
+
+    @app.handler(WIDGET_TYPE, topic=topic)
+    async def wait_at_the_gate(widget: Widget) -> None:
+        await gate.wait()
+
+    def lag() -> dict[tuple[str, str], float]:
+        (family,) = [
+            f for f in RuntimeCollector(runtime).collect() if f.name == "outboxkit_consumer_lag"
+        ]
+        return {(s.labels["topic"], s.labels["partition"]): s.value for s in family.samples}
+
+    effects = ("outboxkit_consumer_commit_to_effect_seconds_count", {"consumer": app.name})
+    async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
+        try:
+            await wait_for(
+                lambda: alive(task) or lag(), lambda x: x == {(topic, "0"): 5.0}, 60, "lag 5"
+            )
+            assert REGISTRY.get_sample_value(*effects) == 0, "nothing committed yet"
+        finally:
+            gate.set()  # or stopping the runtime would wait for the handler forever
+        await wait_for(
+            lambda: alive(task) or lag(), lambda x: x == {(topic, "0"): 0.0}, 60, "lag 0"
+        )
+        assert REGISTRY.get_sample_value(*effects) == 5
+    assert lag() == {}, "a stopped runtime reports no partitions"

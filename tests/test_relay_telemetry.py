@@ -7,16 +7,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cloudevents.core.v1.event import CloudEvent
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.orm import Session
 
+from consumers import ConsumerApp
 from outbox import Outbox, new_event
 from outbox.db import make_engine
 from outbox.dev.kafka import free_port
 from relay import Relay, RelayOptions
+from tests.consumer_helpers import alive, running
 from tests.kafka_helpers import read_topic, wait_for
 from tests.processes import start_cli, terminate
 
@@ -24,12 +25,8 @@ SECRET = "MARKER-7f3a-do-not-log"
 
 
 @pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
+def spans(span_exporter: InMemorySpanExporter) -> InMemorySpanExporter:
+    return span_exporter  # the process-wide provider of tests/conftest.py
 
 
 async def test_publish_span_joins_the_trace_of_the_writing_transaction(
@@ -62,6 +59,18 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
     assert origin in headers["ce_traceparent"], "the event keeps the originating trace"
     hop = f"{publish.context.span_id:016x}".encode()
     assert hop in headers["traceparent"], "the Kafka header carries the relay's hop"
+
+    # The consumer's span of the same event must not carry the marker either.
+    app = ConsumerApp(name="marker-check", retention_interval=None)
+
+    @app.handler("order.placed", topic=topic)
+    async def on_order(event: CloudEvent) -> None:
+        assert event.get_data() == {"x": SECRET}
+
+    async with running(app, sqlite_url, kafka_bootstrap) as (runtime, task):
+        await wait_for(lambda: alive(task) or runtime.stats.applied, bool, 60, "the event applied")
+    (consume,) = [s for s in spans.get_finished_spans() if s.name == "outbox consume"]
+    assert consume.parent.span_id == publish.context.span_id
     for finished in spans.get_finished_spans():
         assert SECRET not in str(finished.attributes) + str(finished.events)
 
