@@ -14,11 +14,24 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import BigInteger, any_, bindparam, delete, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Result,
+    Update,
+    any_,
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql import Executable
 
 from outbox.clock import db_now_ms
 from outbox.tables import outbox_events, outbox_shard_leases
@@ -71,60 +84,23 @@ class Claims:
         self.relay_id = relay_id
         self.lease_ms = lease_ms
         self._now = db_now_ms(engine.dialect.name)
+        self._claim_statement = self._build_claim_statement()
+        self._build_settle_statements()
 
     async def claim(
         self, token: str, limit: int, in_flight: frozenset[str] = frozenset()
     ) -> list[ClaimedRow]:
         """Claim up to ``limit`` rows of this relay's leased shards, oldest first.
 
-        Rows leased under one of this relay's ``in_flight`` tokens are being published right
-        now, ahead of whatever this claim returns, so they are skipped without blocking their key.
+        One statement: the oldest pending rows are locked (``SKIP LOCKED``), a key is cut off
+        from its first row that waits for a retry or is leased by someone else, and the rest
+        get this claim's token. Rows leased under one of this relay's ``in_flight`` tokens are
+        being published right now, ahead of whatever this claim returns, so they are left out
+        without blocking their key (and do not fill the ``LIMIT``).
         """
-        my_shards = select(outbox_shard_leases.c.shard).where(
-            outbox_shard_leases.c.holder == self.relay_id,
-            outbox_shard_leases.c.expires_ms > self._now,
-        )
-        candidates_query = (
-            select(
-                outbox_events.c.id,
-                outbox_events.c.kafka_key,
-                outbox_events.c.available_ms,
-                outbox_events.c.lease_until_ms,
-                outbox_events.c.lease_token,
-                self._now.label("now_ms"),
-            )
-            .where(PENDING, outbox_events.c.shard.in_(my_shards.scalar_subquery()))
-            .order_by(outbox_events.c.id)
-            .limit(limit)
-            .with_for_update(of=outbox_events, skip_locked=True)
-        )
-        if in_flight:
-            # Not merely skipped after the fact: they would fill the LIMIT and starve the claim.
-            candidates_query = candidates_query.where(
-                outbox_events.c.lease_token.is_(None)
-                | outbox_events.c.lease_token.not_in(list(in_flight))
-            )
-        async with self.engine.begin() as conn:
-            candidates = (await conn.execute(candidates_query)).all()
-            chosen = _claimable(candidates, in_flight)
-            if not chosen:
-                return []
-            now_ms = candidates[0].now_ms
-            # Narrow candidates first, payloads only for the rows actually claimed.
-            claimed = await conn.execute(
-                update(outbox_events)
-                .where(self._ids(chosen))
-                .values(lease_token=token, lease_until_ms=now_ms + self.lease_ms)
-                .returning(
-                    outbox_events.c.id,
-                    outbox_events.c.topic,
-                    outbox_events.c.kafka_key,
-                    outbox_events.c.headers,
-                    outbox_events.c.payload,
-                    outbox_events.c.attempts,
-                )
-            )
-            rows = sorted(claimed.all(), key=lambda row: row.id)
+        parameters = {"token": token, "limit": limit, "in_flight": list(in_flight)}
+        (claimed,) = await self._execute([(self._claim_statement, parameters)])
+        rows = sorted(claimed.all(), key=lambda row: row.id)
         # One JSON parse for the whole batch instead of one per row.
         all_headers = json.loads("[" + ",".join(row.headers for row in rows) + "]")
         return [
@@ -138,6 +114,78 @@ class Claims:
             )
             for row, headers in zip(rows, all_headers, strict=True)
         ]
+
+    def _build_claim_statement(self) -> Update:
+        """The claim, built once (building it per call cost more than running it)."""
+        now = self._now
+        my_shards = select(outbox_shard_leases.c.shard).where(
+            outbox_shard_leases.c.holder == self.relay_id,
+            outbox_shard_leases.c.expires_ms > now,
+        )
+        must_wait = case(
+            (
+                (outbox_events.c.available_ms > now) | (outbox_events.c.lease_until_ms > now),
+                1,
+            ),
+            else_=0,
+        )
+        candidates = (
+            select(outbox_events.c.id, outbox_events.c.kafka_key, must_wait.label("must_wait"))
+            .where(PENDING, outbox_events.c.shard.in_(my_shards.scalar_subquery()))
+            .where(
+                outbox_events.c.lease_token.is_(None)
+                | outbox_events.c.lease_token.not_in(bindparam("in_flight", expanding=True))
+            )
+            .order_by(outbox_events.c.id)
+            .limit(bindparam("limit"))
+            .with_for_update(of=outbox_events, skip_locked=True)
+            .cte("candidates")
+        )
+        # A key is blocked from its first waiting row on; a row without a key only by itself.
+        blocked_since = func.max(candidates.c.must_wait).over(
+            partition_by=candidates.c.kafka_key, order_by=candidates.c.id
+        )
+        ranked = select(
+            candidates.c.id,
+            case(
+                (candidates.c.kafka_key.is_(None), candidates.c.must_wait), else_=blocked_since
+            ).label("blocked"),
+        ).cte("ranked")
+        chosen = select(ranked.c.id).where(ranked.c.blocked == 0)
+        return (
+            update(outbox_events)
+            .where(outbox_events.c.id.in_(chosen))
+            .values(lease_token=bindparam("token"), lease_until_ms=now + self.lease_ms)
+            .returning(
+                outbox_events.c.id,
+                outbox_events.c.topic,
+                outbox_events.c.kafka_key,
+                outbox_events.c.headers,
+                outbox_events.c.payload,
+                outbox_events.c.attempts,
+            )
+        )
+
+    async def _execute(self, work: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Result]:
+        """Execute ``(statement, parameters)`` pairs in one transaction; once more if the
+        connection was dead.
+
+        A single statement on PostgreSQL runs in autocommit: no BEGIN and COMMIT round trips.
+        The engine has no pre-ping: after a database restart the first statement fails on a
+        stale connection, SQLAlchemy invalidates the pool, and the retry gets a fresh one.
+        """
+        for attempt in (1, 2):
+            try:
+                async with self.engine.connect() as conn:
+                    if len(work) == 1 and self.engine.dialect.name == "postgresql":
+                        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                        return [await conn.execute(*work[0])]
+                    async with conn.begin():
+                        return [await conn.execute(*each) for each in work]
+            except DBAPIError as error:
+                if attempt == 2 or not error.connection_invalidated:
+                    raise
+        raise AssertionError("unreachable")
 
     async def settle(
         self,
@@ -155,61 +203,52 @@ class Claims:
         ``published`` rows are marked (or deleted), ``failed`` rows count an attempt and are
         parked after ``max_attempts``, ``released`` rows go back untouched for the next claim.
         """
-        mine = outbox_events.c.lease_token == token
-        matched = 0
-        async with self.engine.begin() as conn:
-            if published:
-                ids = [row.id for row in published]
-                if delete_published:
-                    statement = delete(outbox_events).where(self._ids(ids), mine)
-                else:
-                    statement = (
-                        update(outbox_events)
-                        .where(self._ids(ids), mine)
-                        .values(published_ms=self._now, lease_token=None, lease_until_ms=None)
-                    )
-                matched = (await conn.execute(statement)).rowcount
-            for failure in failed:
-                attempts = failure.row.attempts + 1
-                values = {
-                    "attempts": attempts,
-                    "last_error": failure.error[:2000],
-                    "lease_token": None,
-                    "lease_until_ms": None,
-                }
-                if attempts >= max_attempts:
-                    values["parked_ms"] = self._now
-                else:
-                    values["available_ms"] = self._now + retry_delay_ms(attempts)
-                await conn.execute(
-                    update(outbox_events)
-                    .where(outbox_events.c.id == failure.row.id, mine)
-                    .values(values)
-                )
-            if released:
-                await conn.execute(self._release_statement(token, released))
-        return matched
+        work: list[tuple[Executable, dict[str, Any]]] = []
+        if published:
+            statement = self._delete_published if delete_published else self._mark_published
+            work.append((statement, _rows_of(token, published)))
+        for failure in failed:
+            attempts = failure.row.attempts + 1
+            values = {
+                "attempts": attempts,
+                "last_error": failure.error[:2000],
+                "lease_token": None,
+                "lease_until_ms": None,
+            }
+            if attempts >= max_attempts:
+                values["parked_ms"] = self._now
+            else:
+                values["available_ms"] = self._now + retry_delay_ms(attempts)
+            one_row = (outbox_events.c.id == failure.row.id) & self._leased_to_token
+            work.append((update(outbox_events).where(one_row).values(values), {"token": token}))
+        if released:
+            work.append((self._release, _rows_of(token, released)))
+        if not work:
+            return 0
+        results = await self._execute(work)
+        return results[0].rowcount if published else 0
 
     async def release(self, token: str, rows: Sequence[ClaimedRow]) -> None:
         """Give claimed rows back untouched, for the next claim."""
-        async with self.engine.begin() as conn:
-            await conn.execute(self._release_statement(token, rows))
+        await self._execute([(self._release, _rows_of(token, rows))])
 
-    def _ids(self, ids: Sequence[int]) -> ColumnElement[bool]:
-        """``id IN (...)``; on PostgreSQL one array parameter (``= ANY``), which compiles once
-        instead of rendering a bind per id."""
+    def _build_settle_statements(self) -> None:
+        """Marking, deleting and releasing rows by id and token, built once per relay."""
         if self.engine.dialect.name == "postgresql":
-            return outbox_events.c.id == any_(bindparam("ids", list(ids), type_=ARRAY(BigInteger)))
-        return outbox_events.c.id.in_(list(ids))
-
-    def _release_statement(self, token: str, rows: Sequence[ClaimedRow]):
-        return (
+            # One array parameter: the statement text does not change with the batch size.
+            by_ids = outbox_events.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
+        else:
+            by_ids = outbox_events.c.id.in_(bindparam("ids", expanding=True))
+        self._leased_to_token = outbox_events.c.lease_token == bindparam("token")
+        mine = by_ids & self._leased_to_token
+        self._mark_published = (
             update(outbox_events)
-            .where(
-                self._ids([row.id for row in rows]),
-                outbox_events.c.lease_token == token,
-            )
-            .values(lease_token=None, lease_until_ms=None)
+            .where(mine)
+            .values(published_ms=self._now, lease_token=None, lease_until_ms=None)
+        )
+        self._delete_published = delete(outbox_events).where(mine)
+        self._release = (
+            update(outbox_events).where(mine).values(lease_token=None, lease_until_ms=None)
         )
 
     async def pending_count(self) -> int:
@@ -232,19 +271,5 @@ class Claims:
         return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows)
 
 
-def _claimable(candidates: Sequence, in_flight: frozenset[str]) -> list[int]:
-    """Ids to claim, in order, skipping each key from its first row that must wait."""
-    blocked: set[bytes] = set()
-    chosen: list[int] = []
-    for row in candidates:
-        key = row.kafka_key
-        if (key is not None and key in blocked) or row.lease_token in in_flight:
-            continue
-        waiting = row.available_ms > row.now_ms
-        leased_elsewhere = row.lease_until_ms is not None and row.lease_until_ms > row.now_ms
-        if waiting or leased_elsewhere:
-            if key is not None:
-                blocked.add(key)
-            continue
-        chosen.append(row.id)
-    return chosen
+def _rows_of(token: str, rows: Sequence[ClaimedRow]) -> dict[str, Any]:
+    return {"token": token, "ids": [row.id for row in rows]}

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -57,7 +58,7 @@ class Relay:
         self.db_url = db_url
         self.relay_id = relay_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stats = RelayStats()
-        self.engine = make_async_engine(db_url, pool_pre_ping=True)
+        self.engine = make_async_engine(db_url)  # no pre-ping: see Claims._execute
         lease_ms = int(self.options.lease_ttl_s * 1000)
         self.leases = ShardLeases(
             self.engine, self.relay_id, socket.gethostname(), os.getpid(), lease_ms
@@ -74,6 +75,7 @@ class Relay:
         self.database = DependencyHealth("database")
         self.kafka = DependencyHealth("kafka")
         self._wake = asyncio.Event()
+        self._settling = _SettleInFlight()
 
     async def run(self, stop: asyncio.Event | None = None, *, until_drained: bool = False) -> None:
         """Relay until ``stop`` is set (or, with ``until_drained``, until nothing is pending)."""
@@ -108,8 +110,7 @@ class Relay:
                     next_heartbeat = time.monotonic() + heartbeat_every
                     if not owned:
                         log.debug("no shard leased; waiting")
-                self._wake.clear()
-                claimed = await self._relay_batches()
+                claimed = await self._relay_batches(until=next_heartbeat)
                 if self.options.retention_s and time.monotonic() >= next_cleanup:
                     self.stats.cleaned += await delete_published(
                         self.engine,
@@ -128,57 +129,63 @@ class Relay:
                 continue
             if claimed:
                 continue
-            if until_drained and claimed == 0 and await self.claims.pending_count() == 0:
-                return
+            try:
+                await self._settling.wait()
+                if until_drained and await self.claims.pending_count() == 0:
+                    return
+            except DATABASE_ERRORS as error:
+                attempt = self.database.failed(error)
+                await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
             await _wait_any(stop, self._wake, self.options.poll_interval_s)
 
-    async def _relay_batches(self) -> int:
-        """Publish batches back to back while they come full; return the rows claimed.
+    async def _relay_batches(self, until: float) -> int:
+        """Publish batches back to back while there is more; return the rows claimed.
 
         Three things overlap: batch N+1 is being acknowledged, batch N is being settled in the
-        database, and batch N+2 is being claimed. N+2 is sent only after N+1's outcome is
-        known, and rows of a key that failed in N or N+1 are given back, so a key never
-        overtakes its own failed row, whether or not N's settle has written the retry yet.
+        database, and batch N+2 is being claimed. N+2 is claimed during N+1's flight when N+1
+        came full or a commit was notified meanwhile, and sent only after N+1's outcome is
+        known; rows of a key that failed in N or N+1 are given back, so a key never overtakes
+        its own failed row, whether or not N's settle has written the retry yet. Stops
+        claiming at ``until`` (monotonic), when the shard leases are due for renewal.
         """
         await self.publisher.start()  # before claiming, so an outage leaves no row leased
+        if self._settling.failed_keys:
+            await self._settling.wait()  # rare: a row failed, its retry time must be written first
         token = str(uuid.uuid4())
-        rows = await self.claims.claim(token, self.options.batch_size)
+        self._wake.clear()
+        rows = await self.claims.claim(token, self.options.batch_size, self._settling.tokens())
         total = 0
-        settling: asyncio.Future | None = None
-        settling_token = ""
-        settling_failed_keys: set[bytes] = set()
-        try:
-            while rows:
-                total += len(rows)
-                sending = asyncio.ensure_future(self.publisher.publish(rows))
-                next_token, next_rows = str(uuid.uuid4()), []
-                try:
-                    if len(rows) >= self.options.batch_size:
-                        in_flight = {token, settling_token} if settling else {token}
-                        next_rows = await self.claims.claim(
-                            next_token, self.options.batch_size, frozenset(in_flight)
-                        )
-                finally:
-                    outcome = await sending
-                    if settling is not None:
-                        await settling  # at most one settle outstanding; its errors surface
-                    settling = asyncio.ensure_future(self._settle(token, outcome))
-                failed_keys = outcome.failed_keys | settling_failed_keys
-                settling_token, settling_failed_keys = token, outcome.failed_keys
-                held_back = [row for row in next_rows if row.key in failed_keys]
-                if outcome.outage is not None:
-                    held_back = next_rows
-                if held_back:
-                    await self.claims.release(next_token, held_back)
-                if outcome.outage is not None:
-                    await self.publisher.reset()
-                    raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
-                self.kafka.succeeded()
-                rows = [row for row in next_rows if row not in held_back]
-                token = next_token
-        finally:
-            if settling is not None:
-                await settling
+        while rows:
+            total += len(rows)
+            sending = asyncio.ensure_future(self.publisher.publish(rows))
+            next_token, next_rows = str(uuid.uuid4()), []
+            try:
+                more = len(rows) >= self.options.batch_size or self._wake.is_set()
+                if more and time.monotonic() < until:
+                    self._wake.clear()
+                    next_rows = await self.claims.claim(
+                        next_token,
+                        self.options.batch_size,
+                        frozenset({token, *self._settling.tokens()}),
+                    )
+            finally:
+                outcome = await sending
+                failed_keys = outcome.failed_keys | self._settling.failed_keys
+                await self._settling.replace(
+                    token, outcome.failed_keys, self._settle(token, outcome)
+                )
+            held_back = [row for row in next_rows if row.key in failed_keys]
+            if outcome.outage is not None:
+                held_back = next_rows
+            if held_back:
+                await self.claims.release(next_token, held_back)
+            if outcome.outage is not None:
+                await self.publisher.reset()
+                raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            self.kafka.succeeded()
+            rows = [row for row in next_rows if row not in held_back]
+            token = next_token
         return total
 
     async def _sample_backlog(self) -> None:
@@ -227,6 +234,10 @@ class Relay:
 
     async def _shutdown(self) -> None:
         try:
+            await self._settling.wait()
+        except DATABASE_ERRORS as error:
+            log.warning("could not record the last batch (its rows will be sent again): %s", error)
+        try:
             await self.leases.release_all()
         except DATABASE_ERRORS as error:
             log.warning("could not release shard leases (they expire on their own): %s", error)
@@ -238,6 +249,34 @@ class Relay:
             self.stats.published,
             self.stats.failed,
         )
+
+
+class _SettleInFlight:
+    """The one batch whose outcome is being written while the next batch is in flight."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future | None = None
+        self._token = ""
+        self.failed_keys: set[bytes] = set()
+
+    def tokens(self) -> frozenset[str]:
+        """The lease token of the batch being settled (its rows are not to be claimed)."""
+        return frozenset({self._token}) if self._future is not None else frozenset()
+
+    async def replace(self, token: str, failed_keys: set[bytes], settle: Awaitable) -> None:
+        """Wait for the previous settle (its error surfaces here), then start ``settle``."""
+        try:
+            await self.wait()
+        finally:
+            self._future = asyncio.ensure_future(settle)
+            self._token, self.failed_keys = token, failed_keys
+
+    async def wait(self) -> None:
+        """Wait for the settle in flight, if any; raise its error."""
+        future, self._future = self._future, None
+        self.failed_keys = set()
+        if future is not None:
+            await future
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
