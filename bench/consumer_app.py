@@ -1,5 +1,8 @@
 """The consumer the benchmarks run: one effect row per event, stamped with when the handler ran.
 
+By default a batch handler writes a chunk's effect rows with one statement; benches compare it
+with a per-event handler (``effect="each"``) and with no effect at all (``effect="none"``).
+
 ``outboxkit consume bench.consumer_app:app`` runs it as a process; the input topic comes from
 ``OUTBOXKIT_BENCH_TOPIC``. In-process benches build their own with :func:`make_app`.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Literal
 
 from cloudevents.core.v1.event import CloudEvent
 from pydantic import BaseModel
@@ -47,29 +51,46 @@ def create_effects_table(url: str) -> None:
     engine.dispose()
 
 
-def make_app(
-    topic: str, name: str = "bench", *, write: bool = True, **options: object
-) -> ConsumerApp:
-    """A consumer whose handler inserts one ``bench_effects`` row per event of ``topic``.
+Effect = Literal["batch", "each", "none"]
 
-    With ``write=False`` the handler takes the same arguments but executes no statement, which
-    leaves the runtime's own work: decoding, validation, inbox claims, commits.
+
+def make_app(
+    topic: str, name: str = "bench", *, effect: Effect = "batch", **options: object
+) -> ConsumerApp:
+    """A consumer that inserts one ``bench_effects`` row per event of ``topic``.
+
+    ``effect``: ``"batch"`` registers a batch handler writing a chunk's rows in one
+    executemany INSERT; ``"each"`` a per-event handler executing one INSERT per event;
+    ``"none"`` a per-event handler taking the same arguments but executing no statement, which
+    leaves the runtime's own work (decoding, validation, inbox claims, commits).
     """
     app = ConsumerApp(name=name, retention_interval=None, **options)  # type: ignore[arg-type]
 
+    def row(item: BenchData, event: CloudEvent, applied_at: float) -> dict[str, object]:
+        return {
+            "source": event.get_source(),
+            "event_id": event.get_id(),
+            "seq": item.seq,
+            "sent_at": item.sent_at,
+            "applied_at": applied_at,
+        }
+
+    if effect == "batch":
+
+        @app.batch_handler(EVENT_TYPE, topic=topic)
+        async def apply_batch(
+            items: list[BenchData], events: list[CloudEvent], session: AsyncSession
+        ) -> None:
+            now = time.time()
+            rows = [row(item, event, now) for item, event in zip(items, events, strict=True)]
+            await session.execute(insert(bench_effects), rows)
+
+        return app
+
     @app.handler(EVENT_TYPE, topic=topic)
     async def apply(item: BenchData, event: CloudEvent, session: AsyncSession) -> None:
-        if not write:
-            return
-        await session.execute(
-            insert(bench_effects).values(
-                source=event.get_source(),
-                event_id=event.get_id(),
-                seq=item.seq,
-                sent_at=item.sent_at,
-                applied_at=time.time(),
-            )
-        )
+        if effect == "each":
+            await session.execute(insert(bench_effects).values(row(item, event, time.time())))
 
     return app
 

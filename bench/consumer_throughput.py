@@ -9,8 +9,9 @@ same server:
   and ``seq`` from the JSON value, inserting the batch's rows in one plain transaction
   (executemany), then committing the offsets by hand. No inbox, no CloudEvent decoding, no
   pydantic, no per-record error handling;
-- runtime: a :class:`consumers.ConsumerRuntime` whose handler inserts one row per event
-  (``bench.consumer_app``), with inbox dedupe, in this process;
+- runtime: a :class:`consumers.ConsumerRuntime` with inbox dedupe, in this process, whose batch
+  handler (``bench.consumer_app``) inserts a chunk's rows with one executemany statement;
+- runtime, one INSERT per event: the same with a per-event handler executing one statement;
 - runtime without SQL (``--no-ceiling`` leaves it out): the same, but the handler executes no
   statement, so only the runtime's own work is left (decoding, pydantic, one inbox claim
   statement per chunk, commits). It bounds what any handler with one statement per event can
@@ -36,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, insert, select
 
 from bench.common import kafka, postgres_database, report, sample_events
-from bench.consumer_app import bench_effects, create_effects_table, make_app
+from bench.consumer_app import Effect, bench_effects, create_effects_table, make_app
 from consumers import ConsumerRuntime, inbox_events
 from outbox import encode_binary
 from outbox.db import make_async_engine
@@ -129,9 +130,11 @@ async def baseline(bootstrap: str, topic: str, url: str, expected: int) -> float
         await engine.dispose()
 
 
-async def runtime(bootstrap: str, topic: str, url: str, expected: int, write: bool = True) -> float:
-    """Seconds for a ConsumerRuntime (inbox dedupe, one effect row per handler call)."""
-    app = make_app(topic, write=write)
+async def runtime(
+    bootstrap: str, topic: str, url: str, expected: int, effect: Effect = "batch"
+) -> float:
+    """Seconds for a ConsumerRuntime (inbox dedupe) whose handler writes ``effect``."""
+    app = make_app(topic, effect=effect)
     consumer = ConsumerRuntime(
         app, bootstrap=bootstrap, db_url=url, group=f"runtime-{uuid.uuid4().hex[:6]}"
     )
@@ -153,14 +156,20 @@ async def runtime(bootstrap: str, topic: str, url: str, expected: int, write: bo
         await asyncio.wait_for(task, 60)
 
 
+async def runtime_each(bootstrap: str, topic: str, url: str, expected: int) -> float:
+    """Seconds for a ConsumerRuntime whose per-event handler executes one INSERT."""
+    return await runtime(bootstrap, topic, url, expected, effect="each")
+
+
 async def runtime_without_sql(bootstrap: str, topic: str, url: str, expected: int) -> float:
     """Seconds for a ConsumerRuntime whose handler executes no statement."""
-    return await runtime(bootstrap, topic, url, expected, write=False)
+    return await runtime(bootstrap, topic, url, expected, effect="none")
 
 
 SIDES = {
     "baseline": ("baseline: aiokafka + batched inserts", baseline, bench_effects),
-    "runtime": ("runtime: inbox + one INSERT per event", runtime, bench_effects),
+    "runtime": ("runtime: inbox + batch handler (one INSERT per chunk)", runtime, bench_effects),
+    "each": ("runtime: inbox + one INSERT per event", runtime_each, bench_effects),
     "ceiling": ("runtime, handler without SQL", runtime_without_sql, inbox_events),
 }
 

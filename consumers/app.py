@@ -10,6 +10,9 @@ A handler's parameters are chosen by their annotations::
 - ``AsyncSession``: the open session whose transaction also records the inbox claim;
 - ``Session`` (sync handlers only): the same transaction, as a sync session.
 
+``@app.batch_handler`` registers an async function that takes ``list[Model]`` and/or
+``list[CloudEvent]`` plus the ``AsyncSession``, for effects written many at a time.
+
 Async handlers run on the event loop. A sync handler that takes a ``Session`` runs through
 ``AsyncSession.run_sync`` (on the loop, so keep it short); one that takes no session runs in a
 worker thread.
@@ -65,6 +68,7 @@ class Handler:
     func: HandlerFunc
     params: tuple[_Param, ...]
     is_async: bool
+    batch: bool = False
 
     @property
     def name(self) -> str:
@@ -82,9 +86,27 @@ class Handler:
         return arguments
 
     async def call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
-        """Run the handler with ``arguments`` and the session (or its sync face), timed."""
+        """Run the handler with ``arguments`` and the session (or its sync face), timed.
+
+        A batch handler gets a batch of one.
+        """
+        if self.batch:
+            await self.call_batch(session, [arguments])
+            return
         with HANDLER_SECONDS.labels(self.type).time():
             await self._call(session, arguments)
+
+    async def call_batch(self, session: AsyncSession, batch: list[dict[str, Any]]) -> None:
+        """Run a batch handler once for several events: each parameter gets the list of its
+        per-event arguments, in offset order, and the session."""
+        arguments: dict[str, Any] = {}
+        for param in self.params:
+            if param.kind == "session":
+                arguments[param.name] = session
+            else:
+                arguments[param.name] = [each[param.name] for each in batch]
+        with HANDLER_SECONDS.labels(self.type).time():
+            await self.func(**arguments)
 
     async def _call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
         arguments = dict(arguments)
@@ -169,6 +191,22 @@ class ConsumerApp:
 
     def handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated function for events of ``type`` on ``topic``."""
+        return self._register(type, topic, batch=False)
+
+    def batch_handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
+        """Register the decorated async function for *batches* of events of ``type``.
+
+        It takes ``list[Model]`` and/or ``list[CloudEvent]`` (the same events, in offset
+        order) and the ``AsyncSession``; it is called once for consecutive new events of one
+        partition in one transaction, so it can write all their effects in one statement. If
+        it raises, none of the batch took effect and each event of it is handled again on its
+        own (a batch of one), so retries and dead letters stay per event.
+        """
+        return self._register(type, topic, batch=True)
+
+    def _register(
+        self, type: str, topic: str, *, batch: bool
+    ) -> Callable[[HandlerFunc], HandlerFunc]:
         if not type:
             raise ValueError("event type must be a non-empty string")
         if not _TOPIC_NAME.match(topic):
@@ -177,7 +215,7 @@ class ConsumerApp:
         def register(func: HandlerFunc) -> HandlerFunc:
             if (topic, type) in self.handlers:
                 raise ValueError(f"a handler for {type!r} on {topic!r} is already registered")
-            self.handlers[(topic, type)] = _describe(topic, type, func)
+            self.handlers[(topic, type)] = _describe(topic, type, func, batch)
             return func
 
         return register
@@ -187,8 +225,10 @@ class ConsumerApp:
         return self.handlers.get((topic, type))
 
 
-def _describe(topic: str, type: str, func: HandlerFunc) -> Handler:
+def _describe(topic: str, type: str, func: HandlerFunc, batch: bool) -> Handler:
     is_async = inspect.iscoroutinefunction(func)
+    if batch and not is_async:
+        raise HandlerSignatureError(f"{func.__qualname__}: a batch handler must be async")
     try:
         hints = typing.get_type_hints(func)
     except Exception as error:
@@ -198,8 +238,17 @@ def _describe(topic: str, type: str, func: HandlerFunc) -> Handler:
         annotation = hints.get(parameter.name)
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise HandlerSignatureError(f"{func.__qualname__}: *args/**kwargs are not supported")
+        if batch and annotation is not None and typing.get_origin(annotation) is list:
+            (annotation,) = typing.get_args(annotation)  # list[Model] / list[CloudEvent]
+        elif batch and not (inspect.isclass(annotation) and issubclass(annotation, AsyncSession)):
+            raise HandlerSignatureError(
+                f"{func.__qualname__}({parameter.name}): a batch handler takes list[Model], "
+                "list[CloudEvent] and AsyncSession"
+            )
         params.append(_param_for(func, parameter.name, annotation, is_async))
-    return Handler(topic=topic, type=type, func=func, params=tuple(params), is_async=is_async)
+    return Handler(
+        topic=topic, type=type, func=func, params=tuple(params), is_async=is_async, batch=batch
+    )
 
 
 def _param_for(func: HandlerFunc, name: str, annotation: Any, is_async: bool) -> _Param:

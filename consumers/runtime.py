@@ -151,10 +151,25 @@ class _ChunkOutcome:
 class _HandlerFailed(Exception):
     """A handler raised in an optimistic chunk: which record (index in the batch), and what."""
 
-    def __init__(self, index: int, error: BaseException) -> None:
+    def __init__(self, index: int, error: BaseException, whole_batch: bool = False) -> None:
         super().__init__(index)
         self.index = index
         self.error = error
+        # A batch handler raised for several records at once: the culprit is unknown.
+        self.whole_batch = whole_batch
+
+
+def _handler_calls(runs: list[tuple[int, _Run]]) -> list[list[tuple[int, _Run]]]:
+    """Group the runs into handler calls, in order: consecutive runs of one batch handler
+    form one call, every other run is a call of its own."""
+    calls: list[list[tuple[int, _Run]]] = []
+    for index, run in runs:
+        previous = calls[-1][-1][1] if calls else None
+        if run.handler.batch and previous is not None and previous.handler is run.handler:
+            calls[-1].append((index, run))
+        else:
+            calls.append([(index, run)])
+    return calls
 
 
 def _now_ms() -> int:
@@ -416,7 +431,8 @@ class ConsumerRuntime:
                 # but were rolled back with it: they go again, with arguments built afresh,
                 # since a handler may have changed the objects it was given.
                 fell_back = True
-                steps[failed.index] = _failure(failed.error)
+                if not failed.whole_batch:
+                    steps[failed.index] = _failure(failed.error)
                 for i in range(start, failed.index):
                     if isinstance(steps[i], _Run):
                         steps[i] = self._step(records[i])
@@ -434,9 +450,7 @@ class ConsumerRuntime:
             if isinstance(step := steps[i], _Failure)
         ]
         done, failure = stop - start, None
-        if stop < len(steps):
-            step = steps[stop]
-            assert isinstance(step, _Failure)
+        if stop < len(steps) and isinstance(step := steps[stop], _Failure):
             if step.permanent:
                 letters.append(self._permanent_letter(records[stop], step))
                 done += 1
@@ -461,18 +475,27 @@ class ConsumerRuntime:
                     fresh = await claim_many(
                         session, self.app.name, [(run.source, run.event_id) for _, run in runs]
                     )
+                    todo = []
                     for i, run in runs:
                         key = (run.source, run.event_id)
                         if key not in fresh:
                             continue  # applied before, or earlier in this chunk
                         fresh.discard(key)
+                        todo.append((i, run))
+                    for group in _handler_calls(todo):
+                        first_index, first = group[0]
                         try:
-                            with calls.call(run.record, run.event, 1):
-                                await run.handler.call(session, run.arguments)
+                            if len(group) == 1:
+                                with calls.call(first.record, first.event, 1):
+                                    await first.handler.call(session, first.arguments)
+                            else:
+                                with calls.call_batch([(r.record, r.event) for _, r in group]):
+                                    arguments = [run.arguments for _, run in group]
+                                    await first.handler.call_batch(session, arguments)
                         except Exception as error:
-                            failed = _HandlerFailed(i, error)
+                            failed = _HandlerFailed(first_index, error, len(group) > 1)
                             raise failed from None
-                        applied += 1
+                        applied += len(group)
             except _HandlerFailed:
                 calls.rolled_back()
                 raise

@@ -22,8 +22,9 @@ observes ``outboxkit_consumer_commit_to_effect_seconds`` once the transaction co
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -201,6 +202,34 @@ class Transaction:
                 self._spans.append((span, time.time_ns()))  # type: ignore[union-attr]
         if error is None:
             happened = event_time_s(self._record, self._event)
+            if happened is not None:
+                self._times.append(happened)
+
+    @contextlib.contextmanager
+    def call_batch(self, items: list[tuple[ConsumerRecord, CloudEvent]]) -> Iterator[None]:
+        """Wrap one batch-handler call for several records (first attempt of each).
+
+        Each record gets its span, none current (there is no single parent). If the call
+        raises, the spans end with ``consume.rolled_back``: every record of the batch is
+        handled again on its own, under spans of its own.
+        """
+        spans = (
+            [self._owner.start(record, event, 1) for record, event in items]
+            if self._spans is not None
+            else []
+        )
+        try:
+            yield
+        except BaseException:
+            ended = time.time_ns()
+            for span in spans:
+                _finish((span, ended), "consume.rolled_back", None, None)
+            raise
+        ended = time.time_ns()
+        if self._spans is not None:
+            self._spans.extend((span, ended) for span in spans)
+        for record, event in items:
+            happened = event_time_s(record, event)
             if happened is not None:
                 self._times.append(happened)
 

@@ -14,13 +14,21 @@ from cloudevents.core.v1.event import CloudEvent
 from sqlalchemy import func, select
 from sqlalchemy.pool import NullPool
 
-from consumers import ConsumerApp, ConsumerRuntime
-from outbox import encode_binary
+from consumers import ConsumerApp, ConsumerRuntime, RetryPolicy
+from outbox import encode_binary, new_event
 from outbox.db import make_engine
-from tests.consumer_apps import consumer_effects, effects_metadata
+from tests.consumer_apps import WIDGET_TYPE, consumer_effects, effects_metadata
 
 Header = tuple[str, bytes | None]
 RawRecord = tuple[bytes | None, bytes | None, Sequence[Header]]  # key, value, headers
+
+# Retries fast enough for tests: three attempts within a fraction of a second.
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_elapsed=30)
+
+
+def widget(n: int) -> CloudEvent:
+    """Widget ``n`` as an event with a deterministic id, all on one partition key."""
+    return new_event(WIDGET_TYPE, "/widgets", {"n": n}, id=f"w-{n}", partitionkey="k")
 
 
 async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:

@@ -13,9 +13,9 @@ from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from consumers import ConsumerApp, Permanent, Retryable, RetryPolicy, dlq_headers
-from outbox import new_event
 from tests.consumer_apps import WIDGET_TYPE, Widget, consumer_effects
 from tests.consumer_helpers import (
+    FAST_RETRY,
     alive,
     binary_record,
     committed_offsets,
@@ -24,10 +24,9 @@ from tests.consumer_helpers import (
     effect_rows,
     produce,
     running,
+    widget,
 )
 from tests.kafka_helpers import read_topic, wait_for
-
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_elapsed=30)
 
 
 class OrderRejected(Permanent):
@@ -57,10 +56,6 @@ def failing_app(topic: str, fail: dict[int, list[BaseException]], **options: obj
             raise queued.pop(0)
 
     return app
-
-
-def widget(n: int) -> CloudEvent:
-    return new_event(WIDGET_TYPE, "/widgets", {"n": n}, id=f"w-{n}", partitionkey="k")
 
 
 def headers_of(record) -> dict[str, str]:  # type: ignore[no-untyped-def]

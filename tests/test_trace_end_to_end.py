@@ -14,18 +14,17 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from consumers import ConsumerApp, Permanent, Retryable, RetryPolicy
+from consumers import ConsumerApp, Permanent, Retryable
 from consumers.tracing import HandlerTelemetry
 from outbox import Outbox, new_event, telemetry
 from outbox.actions.events import STARTED
 from outbox.db import make_engine
 from relay import Relay, RelayOptions
-from tests.consumer_helpers import alive, binary_record, create_topic, produce, running
+from tests.consumer_helpers import FAST_RETRY, alive, binary_record, create_topic, produce, running
 from tests.kafka_helpers import read_topic, wait_for
 
 MARKER = "MARKER-5e1f-never-in-a-span"
 RELAY_OPTIONS = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, retention_s=3600)
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_elapsed=30)
 
 
 def named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
