@@ -5,9 +5,8 @@ Writers (a process of their own) commit single-event transactions at a steady to
 this process stamps each record when it arrives (commit-to-Kafka); a consumer runtime process
 (``outboxkit consume bench.consumer_app:app``) applies each event as an effect row stamped with
 the time its handler ran (commit-to-effect: relay, broker, fetch, decoding, inbox claim and
-handler; the chunk's database commit follows within a few ms). Both run from just before
-COMMIT (the time is stored in the event as ``sent_at``), so they slightly overstate the true
-latencies. Usage:
+handler; the chunk's database commit follows within a few ms). Both run from the moment the
+writer's COMMIT returned (the writer process records it per event). Usage:
 
     python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer]
 """
@@ -41,19 +40,23 @@ WRITERS = 8
 PARTITIONS = 3
 
 
-def write_in_own_process(url: str, topic: str, rate: int, seconds: float) -> None:
+def write_in_own_process(url: str, topic: str, rate: int, seconds: float, out: str) -> None:
     """Entry point of the writer process: the writers must not share the reader's event loop,
-    or the reader would stamp arrivals late whenever a writer holds the loop."""
-    asyncio.run(write_steadily(url, topic, rate, seconds))
+    or the reader would stamp arrivals late whenever a writer holds the loop. Writes each
+    event's commit time (``{seq: epoch seconds}``) as JSON to ``out``."""
+    committed = asyncio.run(write_steadily(url, topic, rate, seconds))
+    Path(out).write_text(json.dumps(committed))
 
 
-async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> int:
-    """Commit ``rate`` single-event transactions per second for ``seconds``; return the count."""
+async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> dict[int, float]:
+    """Commit ``rate`` single-event transactions per second for ``seconds``; return when each
+    event's COMMIT returned (epoch seconds, by ``seq``)."""
     engine = make_async_engine(url, pool_size=WRITERS)
     outbox = Outbox(default_topic=topic)
     per_writer_interval = WRITERS / rate
     total = int(rate * seconds)
     started = time.perf_counter()
+    committed: dict[int, float] = {}
 
     async def writer(index: int) -> None:
         for n in range(index, total, WRITERS):
@@ -64,14 +67,15 @@ async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> int
                 await outbox.add_async(
                     session, new_event(EVENT_TYPE, "/bench", data, partitionkey=str(n % 50))
                 )
+            committed[n] = time.time()
 
     await asyncio.gather(*(writer(i) for i in range(WRITERS)))
     await engine.dispose()
-    return total
+    return committed
 
 
-async def collect(bootstrap: str, topic: str, expected: int, timeout: float) -> list[float]:
-    """Latencies in ms of ``expected`` records, read as they arrive."""
+async def collect(bootstrap: str, topic: str, expected: int, timeout: float) -> dict[int, float]:
+    """When each of ``expected`` records arrived (epoch seconds, by ``seq``)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -80,17 +84,17 @@ async def collect(bootstrap: str, topic: str, expected: int, timeout: float) -> 
         fetch_max_wait_ms=5,
     )
     await consumer.start()
-    latencies: list[float] = []
+    arrivals: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(latencies) < expected and time.monotonic() < deadline:
+        while len(arrivals) < expected and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
             arrived = time.time()
             for record in (r for rs in batch.values() for r in rs):
-                latencies.append((arrived - json.loads(record.value)["sent_at"]) * 1000)
+                arrivals.setdefault(json.loads(record.value)["seq"], arrived)
     finally:
         await consumer.stop()
-    return latencies
+    return arrivals
 
 
 async def create_topic(bootstrap: str, topic: str) -> None:
@@ -123,8 +127,8 @@ async def wait_for_log(log: Path, text: str, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
-async def effect_latencies(url: str, expected: int, timeout: float) -> list[float]:
-    """Once ``expected`` effects exist, their handler time minus commit time, in ms."""
+async def effect_times(url: str, expected: int, timeout: float) -> dict[int, float]:
+    """Once ``expected`` effects exist, when each event's handler ran (epoch seconds)."""
     engine = make_async_engine(url)
     deadline = time.monotonic() + timeout
     try:
@@ -134,12 +138,15 @@ async def effect_latencies(url: str, expected: int, timeout: float) -> list[floa
                 if time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.5)
-            rows = await connection.execute(
-                select(bench_effects.c.sent_at, bench_effects.c.applied_at)
-            )
-            return [(applied - sent) * 1000 for sent, applied in rows]
+            rows = await connection.execute(select(bench_effects.c.seq, bench_effects.c.applied_at))
+            return {seq: applied for seq, applied in rows}
     finally:
         await engine.dispose()
+
+
+def since_commit(committed: dict[int, float], times: dict[int, float]) -> list[float]:
+    """Milliseconds from each event's COMMIT to its time in ``times``."""
+    return [(times[seq] - committed[seq]) * 1000 for seq in times if seq in committed]
 
 
 async def measure(
@@ -188,15 +195,19 @@ async def measure(
         expected = int(rate * seconds)
         reader = asyncio.create_task(collect(bootstrap, topic, expected, seconds + 60))
         await asyncio.sleep(3)  # relay start-up and reader assignment are not measured
+        commits = logs / "commits.json"
         writers = multiprocessing.get_context("spawn").Process(
-            target=write_in_own_process, args=(url, topic, rate, seconds)
+            target=write_in_own_process, args=(url, topic, rate, seconds, str(commits))
         )
         writers.start()
         await asyncio.to_thread(writers.join)
         if writers.exitcode != 0:
             raise RuntimeError(f"writer process failed with exit code {writers.exitcode}")
-        to_kafka = await reader
-        to_effect = await effect_latencies(url, expected, 60) if consume else []
+        committed = {int(seq): at for seq, at in json.loads(commits.read_text()).items()}
+        to_kafka = since_commit(committed, await reader)
+        to_effect = (
+            since_commit(committed, await effect_times(url, expected, 60)) if consume else []
+        )
         return to_kafka, to_effect
     finally:
         for process in processes:
