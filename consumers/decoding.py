@@ -10,6 +10,7 @@ string when JSON is invalid.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ CONTENT_TYPE = "content-type"
 STRUCTURED_PREFIX = "application/cloudevents"
 STRUCTURED_JSON = "application/cloudevents+json"
 REQUIRED = ("specversion", "id", "source", "type")
+_REQUIRED_HEADERS = tuple(CE_PREFIX + name for name in REQUIRED)
 SPECVERSION = "1.0"
 
 _JSON_CONTENT_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9.+-]+\+)?json(;.*)?$")
@@ -62,6 +64,7 @@ class UnsupportedFormatError(DecodeError):
     """A structured-mode event format other than JSON."""
 
 
+@functools.lru_cache(maxsize=256)
 def is_json_content_type(content_type: str | None) -> bool:
     """Whether data of this content type is JSON (no content type counts as JSON)."""
     return content_type is None or bool(_JSON_CONTENT_TYPE.match(content_type.strip()))
@@ -119,12 +122,12 @@ def _decode_binary(
 ) -> CloudEvent:
     """Binary mode, as the SDK's ``from_binary`` reads it, but parsing the data only once
     (and ``time`` with the standard library first, which is faster than dateutil)."""
-    if not any(name.startswith(CE_PREFIX) for name in headers):
-        raise NotACloudEventError(
-            "no ce_ headers and no application/cloudevents content-type: not a CloudEvent"
-        )
-    missing = [name for name in REQUIRED if not headers.get(CE_PREFIX + name)]
-    if missing:
+    if not all(headers.get(name) for name in _REQUIRED_HEADERS):
+        if not any(name.startswith(CE_PREFIX) for name in headers):
+            raise NotACloudEventError(
+                "no ce_ headers and no application/cloudevents content-type: not a CloudEvent"
+            )
+        missing = [name for name in REQUIRED if not headers.get(CE_PREFIX + name)]
         raise MissingAttributesError(f"missing CloudEvents attribute(s): {', '.join(missing)}")
     if headers[CE_PREFIX + "specversion"] != SPECVERSION:
         raise InvalidAttributeError("unsupported specversion: only 1.0 is accepted")

@@ -50,6 +50,7 @@ from outbox.db import make_async_engine
 log = logging.getLogger("outboxkit.consumer")
 
 POLL_TIMEOUT_MS = 500
+PARTITIONS_AT_ONCE = 4  # below the engine pool (5 + 10 overflow), with room for retention
 COMMIT_TIMEOUT_S = 30.0
 # Careful mode commits after this many records: PostgreSQL keeps 64 subtransactions per backend
 # in shared memory; beyond that every snapshot of every session consults pg_subtrans.
@@ -231,6 +232,8 @@ class ConsumerRuntime:
         self._dlq: DeadLetterPublisher | None = None
         self._offsets: dict[TopicPartition, int] = {}
         self._committer: asyncio.Task[None] | None = None
+        # Partitions applied at once, each with a connection of its own (bounded by the pool).
+        self._partition_slots = asyncio.Semaphore(PARTITIONS_AT_ONCE)
         # Telemetry hooks (consumers.tracing, consumers.metrics): spans and commit times per
         # handler call, and the next offset to handle per partition for the lag gauge.
         self.telemetry = HandlerTelemetry(self.group, app.name)
@@ -319,15 +322,30 @@ class ConsumerRuntime:
             if not batch:
                 continue
             async with self._lock:
-                for tp, records in batch.items():
-                    if tp not in consumer.assignment():
-                        continue
-                    handled = 0
-                    if self._current(epoch):
-                        self.stats.received += len(records)
-                        handled = await self._process_partition(consumer, tp, records, epoch)
-                    if handled < len(records) and not self._stopping:
-                        self._rewind(consumer, tp, records[handled].offset)
+                # Partitions are independent: each one's records go in order through one
+                # transaction at a time, while the others decode or wait on the database.
+                await asyncio.gather(
+                    *(
+                        self._handle_partition(consumer, tp, records, epoch)
+                        for tp, records in batch.items()
+                        if tp in consumer.assignment()
+                    )
+                )
+
+    async def _handle_partition(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: Sequence[ConsumerRecord],
+        epoch: int,
+    ) -> None:
+        handled = 0
+        async with self._partition_slots:
+            if self._current(epoch):
+                self.stats.received += len(records)
+                handled = await self._process_partition(consumer, tp, records, epoch)
+        if handled < len(records) and not self._stopping:
+            self._rewind(consumer, tp, records[handled].offset)
 
     def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
         """Fetch ``tp`` again from ``offset``, the first record of a batch left unhandled.
