@@ -1,10 +1,10 @@
 """Sending claimed rows to Kafka with an idempotent aiokafka producer, keeping per-key order.
 
-Rows are handed to the producer one after the other (aiokafka batches them per partition; with
-idempotence there is one in-flight batch per partition, so order within a partition is strict),
-then all acknowledgements are awaited together. Outcomes are sorted into published, failed for
-a reason of the row's own (counts an attempt), and released because of an outage or because an
-earlier row of the same key failed.
+Rows are appended in order to one record batch per partition and the batches handed to the
+producer (with idempotence there is one in-flight batch per partition, so order within a
+partition is strict), then all acknowledgements are awaited together. Outcomes are sorted into
+published, failed for a reason of the row's own (counts an attempt), and released because of
+an outage or because an earlier row of the same key failed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedForMessageFormatError,
 )
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from outbox import telemetry
 from relay import metrics
@@ -88,6 +91,8 @@ class Publisher:
             "client_id": client_id,
         }
         self._producer: AIOKafkaProducer | None = None
+        self._partitioner = DefaultPartitioner()
+        self._max_request_size = max_request_size
         self._timeout_s = request_timeout_ms / 1000
         self._ack_deadline_s = 3 * self._timeout_s
 
@@ -114,14 +119,22 @@ class Publisher:
         await self.reset()
 
     async def publish(self, rows: list[ClaimedRow]) -> BatchOutcome:
-        """Send ``rows`` in order and sort every row into an outcome."""
+        """Send ``rows`` in order and sort every row into an outcome.
+
+        Rows are appended to one record batch per partition (aiokafka's ``create_batch`` /
+        ``send_batch``: about a quarter of ``send``'s CPU per record), partitioned like
+        ``send`` does (murmur2 of the key); a full batch is sent and a new one started, so
+        each partition's rows go in order.
+        """
         await self.start()
         producer = self._producer
         assert producer is not None
         outcome = BatchOutcome()
         failed_keys = outcome.failed_keys
         missing_topics: dict[str, str] = {}
-        pending: list[tuple[ClaimedRow, asyncio.Future]] = []
+        partitions_of: dict[str, list[int]] = {}
+        open_batches: dict[tuple[str, int], _Batch] = {}
+        sent: list[tuple[asyncio.Future, _Batch]] = []
         spans: dict[int, Any] = {}
         started = time.perf_counter()
         tracing = telemetry.enabled()
@@ -133,15 +146,26 @@ class Publisher:
                 self._fail(outcome, failed_keys, row, missing_topics[row.topic])
                 continue
             headers = row.headers
-            if tracing:
-                spans[row.id], headers = _publish_span(row)
-            try:
-                future = await producer.send(
-                    row.topic, value=row.payload, key=row.key, headers=headers
-                )
-            except RECORD_ERRORS as error:
-                self._fail(outcome, failed_keys, row, _describe(error))
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.key, row.payload, headers)
+            if size > self._max_request_size:
+                self._fail(outcome, failed_keys, row, _describe(_too_large(size)))
                 continue
+            try:
+                partitions = partitions_of.get(row.topic)
+                if partitions is None:
+                    partitions = sorted(await producer.partitions_for(row.topic))
+                    partitions_of[row.topic] = partitions
+                if tracing:
+                    spans[row.id], headers = _publish_span(row)
+                partition = self._partitioner(row.key, partitions, partitions)
+                batch = open_batches.get((row.topic, partition))
+                if batch is None or not batch.add(row, headers):
+                    if batch is not None:
+                        sent.append((await batch.send(producer), batch))
+                    batch = open_batches[(row.topic, partition)] = _Batch(
+                        producer.create_batch(), row.topic, partition
+                    )
+                    batch.add(row, headers)
             except UnknownTopicOrPartitionError as error:
                 if await self._broker_reachable():
                     missing_topics[row.topic] = f"topic {row.topic!r} does not exist"
@@ -153,16 +177,31 @@ class Publisher:
             if outcome.outage is not None:
                 outcome.released.extend(rows[index:])
                 break
-            pending.append((row, future))
-        results = await self._acknowledgements([future for _, future in pending])
+        for batch in open_batches.values():
+            if outcome.outage is None:
+                try:
+                    sent.append((await batch.send(producer), batch))
+                    continue
+                except KafkaError as error:
+                    outcome.outage = error
+            outcome.released.extend(batch.rows)
+        results = await self._acknowledgements([future for future, _ in sent])
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
-        for (row, _), result in zip(pending, results, strict=True):
+        acknowledged: dict[int, tuple[object, int, int]] = {}
+        for (_, batch), result in zip(sent, results, strict=True):
+            base = getattr(result, "offset", -1)
+            for row, relative in zip(batch.rows, batch.offsets, strict=True):
+                acknowledged[row.id] = (result, batch.partition, base + relative)
+        for row in rows:
+            if row.id not in acknowledged:
+                continue
+            result, partition, offset = acknowledged[row.id]
             if not isinstance(result, BaseException):
                 telemetry.end_span(
                     spans.pop(row.id, None),
                     attributes={
-                        "messaging.destination.partition.id": str(result.partition),
-                        "messaging.kafka.offset": result.offset,
+                        "messaging.destination.partition.id": str(partition),
+                        "messaging.kafka.offset": offset,
                     },
                 )
                 if row.key is not None and row.key in failed_keys:
@@ -221,6 +260,41 @@ class Publisher:
             return True
         except (KafkaError, TimeoutError):
             return False
+
+
+class _Batch:
+    """One record batch being filled for a topic partition, and the rows in it."""
+
+    __slots__ = ("builder", "offsets", "partition", "rows", "topic")
+
+    def __init__(self, builder: BatchBuilder, topic: str, partition: int) -> None:
+        self.builder = builder
+        self.topic = topic
+        self.partition = partition
+        self.rows: list[ClaimedRow] = []
+        self.offsets: list[int] = []
+
+    def add(self, row: ClaimedRow, headers: list[tuple[str, bytes]]) -> bool:
+        """Append ``row``; ``False`` when the batch is full (a first record always fits)."""
+        metadata = self.builder.append(
+            key=row.key, value=row.payload, timestamp=None, headers=headers
+        )
+        if metadata is None:
+            return False
+        self.rows.append(row)
+        self.offsets.append(metadata.offset)
+        return True
+
+    async def send(self, producer: AIOKafkaProducer) -> asyncio.Future:
+        """Queue the batch; the future resolves with its base offset once acknowledged."""
+        return await producer.send_batch(self.builder, self.topic, partition=self.partition)
+
+
+def _too_large(size: int) -> MessageSizeTooLargeError:
+    return MessageSizeTooLargeError(
+        f"The message is {size} bytes when serialized which is larger than the maximum "
+        "request size you have configured with the max_request_size configuration"
+    )
 
 
 def _publish_span(row: ClaimedRow) -> tuple[Any, list[tuple[str, bytes]]]:
