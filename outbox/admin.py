@@ -143,8 +143,6 @@ async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:
             parked_ms=None,
             attempts=0,
             available_ms=db_now_ms(dialect),
-            lease_token=None,
-            lease_until_ms=None,
         )
     )
     if dialect == "postgresql" and result.rowcount:

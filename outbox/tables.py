@@ -41,8 +41,6 @@ outbox_events = Table(
     Column("available_ms", BigInteger, nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
-    Column("lease_token", String(36), nullable=True),
-    Column("lease_until_ms", BigInteger, nullable=True),
     Column("published_ms", BigInteger, nullable=True),
     Column("parked_ms", BigInteger, nullable=True),
     UniqueConstraint("source", "event_id", name="uq_outbox_events_source_event_id"),

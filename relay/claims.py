@@ -1,12 +1,12 @@
 """Claiming outbox rows for publication and settling them afterwards, in batched statements.
 
-A claim reads the oldest pending rows of the shards this relay leases (``FOR UPDATE SKIP
-LOCKED`` on PostgreSQL), and stamps the chosen ones with a lease token and expiry. Settling
-(published, failed, released) only touches rows that still carry that token, so a relay that
-lost its lease changes nothing with a late update.
+A claim reads the oldest pending rows of the shards this relay leases; the shard lease, held in
+the database and checked by the claim itself, is what makes them this relay's, so a claim
+writes nothing. Settling marks published rows (or deletes them) and counts failed attempts,
+touching only rows still pending.
 
-Per-key order: a row whose earlier sibling (same Kafka key) is waiting for a retry or is leased
-by another relay blocks the rest of its key in that batch, so a key never overtakes itself.
+Per-key order: a row whose earlier sibling (same Kafka key) is waiting for a retry blocks the
+rest of its key in that batch, so a key never overtakes itself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Result,
-    Update,
+    Select,
+    all_,
     any_,
     bindparam,
     case,
@@ -32,6 +33,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import Executable
+from sqlalchemy.sql.elements import ColumnElement
 
 from outbox.clock import db_now_ms
 from outbox.tables import outbox_events, outbox_shard_leases
@@ -79,28 +81,25 @@ class Failure:
 class Claims:
     """Claim and settle outbox rows for one relay."""
 
-    def __init__(self, engine: AsyncEngine, relay_id: str, lease_ms: int) -> None:
+    def __init__(self, engine: AsyncEngine, relay_id: str) -> None:
         self.engine = engine
         self.relay_id = relay_id
-        self.lease_ms = lease_ms
         self._now = db_now_ms(engine.dialect.name)
+        self._postgresql = engine.dialect.name == "postgresql"
         self._claim_statement = self._build_claim_statement()
         self._build_settle_statements()
 
-    async def claim(
-        self, token: str, limit: int, in_flight: frozenset[str] = frozenset()
-    ) -> list[ClaimedRow]:
-        """Claim up to ``limit`` rows of this relay's leased shards, oldest first.
+    async def claim(self, limit: int, in_flight: Sequence[int] = ()) -> list[ClaimedRow]:
+        """Read up to ``limit`` pending rows of this relay's leased shards, oldest first.
 
-        One statement: the oldest pending rows are locked (``SKIP LOCKED``), a key is cut off
-        from its first row that waits for a retry or is leased by someone else, and the rest
-        get this claim's token. Rows leased under one of this relay's ``in_flight`` tokens are
-        being published right now, ahead of whatever this claim returns, so they are left out
-        without blocking their key (and do not fill the ``LIMIT``).
+        One read-only statement. A key is cut off at its first row that waits for a retry.
+        ``in_flight`` are ids this relay is publishing or settling right now, ahead of
+        whatever this claim returns: they are left out without blocking their key (and do not
+        fill the ``LIMIT``). Nothing is written: the shard lease makes the rows this relay's.
         """
-        parameters = {"token": token, "limit": limit, "in_flight": list(in_flight)}
+        parameters = {"limit": limit, "in_flight": list(in_flight) or [0]}
         (claimed,) = await self._execute([(self._claim_statement, parameters)])
-        rows = sorted(claimed.all(), key=lambda row: row.id)
+        rows = claimed.all()
         # One JSON parse for the whole batch instead of one per row.
         all_headers = json.loads("[" + ",".join(row.headers for row in rows) + "]")
         return [
@@ -115,30 +114,23 @@ class Claims:
             for row, headers in zip(rows, all_headers, strict=True)
         ]
 
-    def _build_claim_statement(self) -> Update:
+    def _build_claim_statement(self) -> Select:
         """The claim, built once (building it per call cost more than running it)."""
         now = self._now
         my_shards = select(outbox_shard_leases.c.shard).where(
             outbox_shard_leases.c.holder == self.relay_id,
             outbox_shard_leases.c.expires_ms > now,
         )
-        must_wait = case(
-            (
-                (outbox_events.c.available_ms > now) | (outbox_events.c.lease_until_ms > now),
-                1,
-            ),
-            else_=0,
-        )
+        must_wait = case((outbox_events.c.available_ms > now, 1), else_=0)
         candidates = (
             select(outbox_events.c.id, outbox_events.c.kafka_key, must_wait.label("must_wait"))
-            .where(PENDING, outbox_events.c.shard.in_(my_shards.scalar_subquery()))
             .where(
-                outbox_events.c.lease_token.is_(None)
-                | outbox_events.c.lease_token.not_in(bindparam("in_flight", expanding=True))
+                PENDING,
+                outbox_events.c.shard.in_(my_shards.scalar_subquery()),
+                self._not_in("in_flight"),
             )
             .order_by(outbox_events.c.id)
             .limit(bindparam("limit"))
-            .with_for_update(of=outbox_events, skip_locked=True)
             .cte("candidates")
         )
         # A key is blocked from its first waiting row on; a row without a key only by itself.
@@ -151,12 +143,8 @@ class Claims:
                 (candidates.c.kafka_key.is_(None), candidates.c.must_wait), else_=blocked_since
             ).label("blocked"),
         ).cte("ranked")
-        chosen = select(ranked.c.id).where(ranked.c.blocked == 0)
         return (
-            update(outbox_events)
-            .where(outbox_events.c.id.in_(chosen))
-            .values(lease_token=bindparam("token"), lease_until_ms=now + self.lease_ms)
-            .returning(
+            select(
                 outbox_events.c.id,
                 outbox_events.c.topic,
                 outbox_events.c.kafka_key,
@@ -164,7 +152,17 @@ class Claims:
                 outbox_events.c.payload,
                 outbox_events.c.attempts,
             )
+            .join(ranked, ranked.c.id == outbox_events.c.id)
+            .where(ranked.c.blocked == 0)
+            .order_by(outbox_events.c.id)
         )
+
+    def _not_in(self, name: str) -> ColumnElement[bool]:
+        """``id`` not in the list parameter ``name`` (never empty: pass ``[0]`` for none)."""
+        if self._postgresql:
+            # One array parameter: the statement text does not change with the list's length.
+            return outbox_events.c.id != all_(bindparam(name, type_=ARRAY(BigInteger)))
+        return outbox_events.c.id.not_in(bindparam(name, expanding=True))
 
     async def _execute(self, work: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Result]:
         """Execute ``(statement, parameters)`` pairs in one transaction; once more if the
@@ -177,7 +175,7 @@ class Claims:
         for attempt in (1, 2):
             try:
                 async with self.engine.connect() as conn:
-                    if len(work) == 1 and self.engine.dialect.name == "postgresql":
+                    if len(work) == 1 and self._postgresql:
                         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                         return [await conn.execute(*work[0])]
                     async with conn.begin():
@@ -189,10 +187,8 @@ class Claims:
 
     async def settle(
         self,
-        token: str,
         published: Sequence[ClaimedRow],
         failed: Sequence[Failure],
-        released: Sequence[ClaimedRow],
         *,
         delete_published: bool,
         max_attempts: int,
@@ -200,56 +196,39 @@ class Claims:
     ) -> int:
         """Record a batch's outcome in one transaction; return how many published rows matched.
 
-        ``published`` rows are marked (or deleted), ``failed`` rows count an attempt and are
-        parked after ``max_attempts``, ``released`` rows go back untouched for the next claim.
+        ``published`` rows are marked (or deleted); ``failed`` rows count an attempt and are
+        parked after ``max_attempts``. Only rows still pending are touched: a row another relay
+        marked meanwhile (after a lease takeover) stays as it is. Rows given back (an outage,
+        a key held back) need nothing: they are still pending.
         """
         work: list[tuple[Executable, dict[str, Any]]] = []
         if published:
             statement = self._delete_published if delete_published else self._mark_published
-            work.append((statement, _rows_of(token, published)))
+            work.append((statement, {"ids": [row.id for row in published]}))
         for failure in failed:
             attempts = failure.row.attempts + 1
-            values = {
-                "attempts": attempts,
-                "last_error": failure.error[:2000],
-                "lease_token": None,
-                "lease_until_ms": None,
-            }
+            values = {"attempts": attempts, "last_error": failure.error[:2000]}
             if attempts >= max_attempts:
                 values["parked_ms"] = self._now
             else:
                 values["available_ms"] = self._now + retry_delay_ms(attempts)
-            one_row = (outbox_events.c.id == failure.row.id) & self._leased_to_token
-            work.append((update(outbox_events).where(one_row).values(values), {"token": token}))
-        if released:
-            work.append((self._release, _rows_of(token, released)))
+            one_row = (outbox_events.c.id == failure.row.id) & PENDING
+            work.append((update(outbox_events).where(one_row).values(values), {}))
         if not work:
             return 0
         results = await self._execute(work)
         return results[0].rowcount if published else 0
 
-    async def release(self, token: str, rows: Sequence[ClaimedRow]) -> None:
-        """Give claimed rows back untouched, for the next claim."""
-        await self._execute([(self._release, _rows_of(token, rows))])
-
     def _build_settle_statements(self) -> None:
-        """Marking, deleting and releasing rows by id and token, built once per relay."""
-        if self.engine.dialect.name == "postgresql":
-            # One array parameter: the statement text does not change with the batch size.
+        """Marking and deleting rows by id, built once per relay."""
+        if self._postgresql:
             by_ids = outbox_events.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
         else:
             by_ids = outbox_events.c.id.in_(bindparam("ids", expanding=True))
-        self._leased_to_token = outbox_events.c.lease_token == bindparam("token")
-        mine = by_ids & self._leased_to_token
         self._mark_published = (
-            update(outbox_events)
-            .where(mine)
-            .values(published_ms=self._now, lease_token=None, lease_until_ms=None)
+            update(outbox_events).where(by_ids, PENDING).values(published_ms=self._now)
         )
-        self._delete_published = delete(outbox_events).where(mine)
-        self._release = (
-            update(outbox_events).where(mine).values(lease_token=None, lease_until_ms=None)
-        )
+        self._delete_published = delete(outbox_events).where(by_ids, PENDING)
 
     async def pending_count(self) -> int:
         """Rows not yet published nor parked (all shards)."""
@@ -269,7 +248,3 @@ class Claims:
             pending, oldest_ms, parked_rows, now_ms = (await conn.execute(query)).one()
         age_s = max(0, now_ms - oldest_ms) / 1000 if oldest_ms is not None else 0.0
         return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows)
-
-
-def _rows_of(token: str, rows: Sequence[ClaimedRow]) -> dict[str, Any]:
-    return {"token": token, "ids": [row.id for row in rows]}

@@ -17,7 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from outbox.db import make_async_engine
 from relay import metrics
-from relay.claims import Claims
+from relay.claims import ClaimedRow, Claims
 from relay.health import DependencyHealth
 from relay.leases import ShardLeases
 from relay.notify import CommitListener
@@ -63,7 +63,7 @@ class Relay:
         self.leases = ShardLeases(
             self.engine, self.relay_id, socket.gethostname(), os.getpid(), lease_ms
         )
-        self.claims = Claims(self.engine, self.relay_id, lease_ms)
+        self.claims = Claims(self.engine, self.relay_id)
         self.publisher = Publisher(
             bootstrap,
             request_timeout_ms=self.options.kafka_request_timeout_ms,
@@ -105,6 +105,9 @@ class Relay:
         while not stop.is_set():
             try:
                 if time.monotonic() >= next_heartbeat:
+                    # A heartbeat may hand shards to another relay: first record every row this
+                    # relay published, or the other one would publish them again.
+                    await self._settling.wait()
                     await self._sample_backlog()
                     owned = await self.leases.heartbeat()
                     next_heartbeat = time.monotonic() + heartbeat_every
@@ -145,47 +148,36 @@ class Relay:
         Three things overlap: batch N+1 is being acknowledged, batch N is being settled in the
         database, and batch N+2 is being claimed. N+2 is claimed during N+1's flight when N+1
         came full or a commit was notified meanwhile, and sent only after N+1's outcome is
-        known; rows of a key that failed in N or N+1 are given back, so a key never overtakes
-        its own failed row, whether or not N's settle has written the retry yet. Stops
-        claiming at ``until`` (monotonic), when the shard leases are due for renewal.
+        known; rows of a key that failed in N or N+1 are dropped from it (they stay pending
+        and come back in a later claim), so a key never overtakes its own failed row, whether
+        or not N's settle has written the retry yet. Stops claiming at ``until``
+        (monotonic), when the shard leases are due for renewal.
         """
-        await self.publisher.start()  # before claiming, so an outage leaves no row leased
+        await self.publisher.start()  # before claiming: an outage leaves nothing half done
         if self._settling.failed_keys:
             await self._settling.wait()  # rare: a row failed, its retry time must be written first
-        token = str(uuid.uuid4())
         self._wake.clear()
-        rows = await self.claims.claim(token, self.options.batch_size, self._settling.tokens())
+        rows = await self.claims.claim(self.options.batch_size, self._settling.ids)
         total = 0
         while rows:
             total += len(rows)
             sending = asyncio.ensure_future(self.publisher.publish(rows))
-            next_token, next_rows = str(uuid.uuid4()), []
+            next_rows: list[ClaimedRow] = []
             try:
                 more = len(rows) >= self.options.batch_size or self._wake.is_set()
                 if more and time.monotonic() < until:
                     self._wake.clear()
-                    next_rows = await self.claims.claim(
-                        next_token,
-                        self.options.batch_size,
-                        frozenset({token, *self._settling.tokens()}),
-                    )
+                    in_flight = [row.id for row in rows] + self._settling.ids
+                    next_rows = await self.claims.claim(self.options.batch_size, in_flight)
             finally:
                 outcome = await sending
                 failed_keys = outcome.failed_keys | self._settling.failed_keys
-                await self._settling.replace(
-                    token, outcome.failed_keys, self._settle(token, outcome)
-                )
-            held_back = [row for row in next_rows if row.key in failed_keys]
-            if outcome.outage is not None:
-                held_back = next_rows
-            if held_back:
-                await self.claims.release(next_token, held_back)
+                await self._settling.replace(rows, outcome.failed_keys, self._settle(outcome))
             if outcome.outage is not None:
                 await self.publisher.reset()
                 raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
             self.kafka.succeeded()
-            rows = [row for row in next_rows if row not in held_back]
-            token = next_token
+            rows = [row for row in next_rows if row.key is None or row.key not in failed_keys]
         return total
 
     async def _sample_backlog(self) -> None:
@@ -194,12 +186,10 @@ class Relay:
         metrics.OLDEST_AGE.set(backlog.oldest_age_s)
         metrics.PARKED.set(backlog.parked)
 
-    async def _settle(self, token: str, outcome: BatchOutcome) -> None:
+    async def _settle(self, outcome: BatchOutcome) -> None:
         matched = await self.claims.settle(
-            token,
             outcome.published,
             outcome.failed,
-            outcome.released,
             delete_published=self.options.retention_s == 0,
             max_attempts=self.options.max_attempts,
             retry_delay_ms=lambda attempt: int(self.options.row_backoff.delay(attempt) * 1000),
@@ -216,7 +206,7 @@ class Relay:
         )
         if matched < len(outcome.published):
             log.warning(
-                "lease lost for %d published rows; another relay will publish them again",
+                "%d published rows were marked by another relay meanwhile (a lease takeover)",
                 len(outcome.published) - matched,
             )
         for failure in outcome.failed:
@@ -256,25 +246,24 @@ class _SettleInFlight:
 
     def __init__(self) -> None:
         self._future: asyncio.Future | None = None
-        self._token = ""
+        self.ids: list[int] = []
         self.failed_keys: set[bytes] = set()
 
-    def tokens(self) -> frozenset[str]:
-        """The lease token of the batch being settled (its rows are not to be claimed)."""
-        return frozenset({self._token}) if self._future is not None else frozenset()
-
-    async def replace(self, token: str, failed_keys: set[bytes], settle: Awaitable) -> None:
-        """Wait for the previous settle (its error surfaces here), then start ``settle``."""
+    async def replace(
+        self, rows: list[ClaimedRow], failed_keys: set[bytes], settle: Awaitable
+    ) -> None:
+        """Wait for the previous settle (its error surfaces here), then start ``settle`` of
+        ``rows``; until it is done their ids are kept out of claims."""
         try:
             await self.wait()
         finally:
             self._future = asyncio.ensure_future(settle)
-            self._token, self.failed_keys = token, failed_keys
+            self.ids, self.failed_keys = [row.id for row in rows], failed_keys
 
     async def wait(self) -> None:
         """Wait for the settle in flight, if any; raise its error."""
         future, self._future = self._future, None
-        self.failed_keys = set()
+        self.ids, self.failed_keys = [], set()
         if future is not None:
             await future
 
