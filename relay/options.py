@@ -11,8 +11,9 @@ from outbox.backoff import Backoff
 class RelayOptions:
     """How the relay claims, publishes, retries and cleans up.
 
-    ``lease_ttl_s`` bounds how long a dead relay's shards and claimed rows stay blocked; it must
-    be well above ``kafka_request_timeout_ms`` so a batch never outlives its lease.
+    ``lease_ttl_s`` bounds how long a dead relay's shards wait for another relay; it must be
+    well above ``kafka_request_timeout_ms`` so a batch in flight rarely outlives its lease
+    (when it does, the next owner publishes those rows again: duplicates, never a loss).
     ``retention_s`` of 0 deletes rows once published; otherwise they are kept (and deduplicate
     ``(source, id)``) for that long and deleted in chunks of ``cleanup_chunk``.
     """

@@ -231,3 +231,46 @@ def test_action_events_name_their_operation_and_structured_events_keep_their_ori
     assert consume.parent is not None
     assert consume.parent.span_id == step_span.get_span_context().span_id
     assert_no_marker(spans)
+
+
+async def test_a_batch_handler_call_gives_each_event_its_span_and_a_failed_batch_goes_again_alone(
+    span_exporter: InMemorySpanExporter, pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    spans = span_exporter
+    spans.clear()
+    await create_topic(kafka_bootstrap, topic)
+    records = []
+    hops: dict[str, int] = {}  # event id -> span id of the hop its record carries
+    for n in range(4):
+        with trace.get_tracer("test").start_as_current_span(f"hop {n}") as hop:
+            key, value, headers = binary_record(
+                new_event("widget.created", "/widgets", {"n": n}, id=f"b-{n}", partitionkey="k")
+            )
+            records.append((key, value, [*headers, telemetry.hop_header(hop)]))
+            hops[f"b-{n}"] = hop.get_span_context().span_id
+    await produce(kafka_bootstrap, topic, records)
+
+    app = ConsumerApp(name="batcher", retry=FAST_RETRY, retention_interval=None)
+    calls: list[list[str]] = []
+
+    @app.batch_handler("widget.created", topic=topic)
+    async def record_all(events: list[CloudEvent], session: AsyncSession) -> None:
+        calls.append([e.get_id() for e in events])
+        if len(calls) == 1:
+            raise Retryable("first batch call fails")  # the culprit is unknown: all go alone
+
+    async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
+        await wait_for(
+            lambda: alive(task) or runtime.stats.applied, lambda n: n >= 4, 60, "4 applied"
+        )
+    assert calls[0] == ["b-0", "b-1", "b-2", "b-3"]
+    assert [ids for ids in calls[1:] if len(ids) == 1][:1] == [["b-0"]]
+    per_event = by_event_id(named(spans, "outbox consume"))
+    assert sorted(per_event) == ["b-0", "b-1", "b-2", "b-3"]
+    for event_id, attempts in per_event.items():
+        assert all(s.kind is SpanKind.CONSUMER for s in attempts)
+        assert all(s.parent is not None and s.parent.span_id == hops[event_id] for s in attempts)
+        assert ("consume.rolled_back", {}) in events_of(attempts[0])  # the failed batch call
+        assert attempts[-1].status.status_code is not StatusCode.ERROR  # applied at last
+    offsets = {int(per_event[e][-1].attributes["messaging.kafka.offset"]) for e in per_event}
+    assert offsets == {0, 1, 2, 3}
