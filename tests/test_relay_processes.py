@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import defaultdict
@@ -124,6 +125,31 @@ async def test_two_relays_share_5000_events_in_order_without_duplicates(
     records = await read_topic(kafka_bootstrap, topic, expected=5000)
     check_order(records, 5000, allow_duplicates=False)
     assert lease_holders(pg_url) == set()
+
+
+async def test_a_relay_joining_mid_stream_takes_shards_over_without_duplicates(
+    pg_url: str, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Shards change hands while events keep coming: the relay giving them away first records
+    what it published, so the new holder publishes nothing a second time."""
+    logs = [tmp_path / "relay-a.log", tmp_path / "relay-b.log"]
+    first = start_cli(relay_args(pg_url, kafka_bootstrap), logs[0])
+    relays = [first]
+    try:
+        await wait_for(lambda: lease_holders(pg_url), lambda h: len(h) == 1, 60, "one holder")
+        for start in range(0, 4000, 100):
+            write_sequence(pg_url, topic, start, 100, per_tx=20)
+            if start == 1000:
+                relays.append(start_cli(relay_args(pg_url, kafka_bootstrap), logs[1]))
+            await asyncio.sleep(0.05)
+        await wait_for(lambda: lease_holders(pg_url), lambda h: len(h) == 2, 60, "two holders")
+        await wait_for(lambda: published_count(pg_url), lambda n: n == 4000, 120, "4000 published")
+    finally:
+        codes = [terminate(relay) for relay in relays]
+    assert codes == [0, 0]
+    assert all(published_by(log) > 0 for log in logs), "the second relay never took shards"
+    records = await read_topic(kafka_bootstrap, topic, expected=4000)
+    check_order(records, 4000, allow_duplicates=False)
 
 
 async def test_relay_killed_mid_stream_and_restarted_loses_nothing(
