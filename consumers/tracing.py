@@ -54,12 +54,14 @@ def _key(record: ConsumerRecord) -> _Key:
     return record.topic, record.partition, record.offset
 
 
-def event_time_s(record: ConsumerRecord, event: CloudEvent) -> float | None:
-    """When the event happened: its ``time`` attribute, else the Kafka record timestamp."""
+def event_time_s(event: CloudEvent) -> float | None:
+    """When the event happened: its ``time`` attribute.
+
+    The CloudEvents SDK gives an event without ``time`` the moment it was built (here: when the
+    consumer decoded it), so such events count as applied almost at once.
+    """
     happened = event.get_time()
-    if happened is not None:
-        return happened.timestamp()
-    return record.timestamp / 1000 if record.timestamp and record.timestamp > 0 else None
+    return happened.timestamp() if happened is not None else None
 
 
 class HandlerTelemetry:
@@ -201,9 +203,7 @@ class Transaction:
             else:
                 self._spans.append((span, time.time_ns()))  # type: ignore[union-attr]
         if error is None:
-            happened = event_time_s(self._record, self._event)
-            if happened is not None:
-                self._times.append(happened)
+            self._applied(self._event)
 
     @contextlib.contextmanager
     def call_batch(self, items: list[tuple[ConsumerRecord, CloudEvent]]) -> Iterator[None]:
@@ -228,10 +228,14 @@ class Transaction:
         ended = time.time_ns()
         if self._spans is not None:
             self._spans.extend((span, ended) for span in spans)
-        for record, event in items:
-            happened = event_time_s(record, event)
-            if happened is not None:
-                self._times.append(happened)
+        for _, event in items:
+            self._applied(event)
+
+    def _applied(self, event: CloudEvent) -> None:
+        """Note when an event whose handler returned happened, for the commit-to-effect time."""
+        happened = event_time_s(event)
+        if happened is not None:
+            self._times.append(happened)
 
     def committed(self) -> None:
         """The transaction committed: end the spans, observe event-time-to-commit per event."""

@@ -41,9 +41,9 @@ from outbox.tables import outbox_events, outbox_shard_leases
 PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True)
 class ClaimedRow:
-    """One outbox row claimed for publication (compared by identity: one object per claim)."""
+    """One outbox row claimed for publication."""
 
     id: int
     topic: str
@@ -127,7 +127,7 @@ class Claims:
             .where(
                 PENDING,
                 outbox_events.c.shard.in_(my_shards.scalar_subquery()),
-                self._not_in("in_flight"),
+                self._id_in("in_flight", negated=True),
             )
             .order_by(outbox_events.c.id)
             .limit(bindparam("limit"))
@@ -157,12 +157,16 @@ class Claims:
             .order_by(outbox_events.c.id)
         )
 
-    def _not_in(self, name: str) -> ColumnElement[bool]:
-        """``id`` not in the list parameter ``name`` (never empty: pass ``[0]`` for none)."""
+    def _id_in(self, name: str, *, negated: bool = False) -> ColumnElement[bool]:
+        """``id`` in (or, ``negated``, not in) the list parameter ``name``; on PostgreSQL one
+        array parameter, so the statement text does not change with the list's length. A
+        negated list must not be empty: pass ``[0]`` for none."""
+        column = outbox_events.c.id
         if self._postgresql:
-            # One array parameter: the statement text does not change with the list's length.
-            return outbox_events.c.id != all_(bindparam(name, type_=ARRAY(BigInteger)))
-        return outbox_events.c.id.not_in(bindparam(name, expanding=True))
+            ids = bindparam(name, type_=ARRAY(BigInteger))
+            return column != all_(ids) if negated else column == any_(ids)
+        ids = bindparam(name, expanding=True)
+        return column.not_in(ids) if negated else column.in_(ids)
 
     async def _execute(self, work: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Result]:
         """Execute ``(statement, parameters)`` pairs in one transaction; once more if the
@@ -221,10 +225,7 @@ class Claims:
 
     def _build_settle_statements(self) -> None:
         """Marking and deleting rows by id, built once per relay."""
-        if self._postgresql:
-            by_ids = outbox_events.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
-        else:
-            by_ids = outbox_events.c.id.in_(bindparam("ids", expanding=True))
+        by_ids = self._id_in("ids")
         self._mark_published = (
             update(outbox_events).where(by_ids, PENDING).values(published_ms=self._now)
         )
