@@ -33,7 +33,6 @@ import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, insert, select
 
 from bench.common import kafka, postgres_database, report, sample_events
@@ -41,18 +40,9 @@ from bench.consumer_app import Effect, bench_effects, create_effects_table, make
 from consumers import ConsumerRuntime, inbox_events
 from outbox import encode_binary
 from outbox.db import make_async_engine
+from outbox.dev.kafka import create_topic
 
 BATCH = 500  # max_poll_records of both sides (the runtime's default max_batch)
-
-
-async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    """Create ``topic`` with ``partitions`` partitions."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def produce(bootstrap: str, topic: str, events: list) -> None:

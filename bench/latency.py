@@ -17,17 +17,13 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -35,6 +31,8 @@ from bench.common import kafka, postgres_database, report
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
 from outbox import Outbox, new_event
 from outbox.db import make_async_engine
+from outbox.dev.kafka import create_topic
+from outbox.dev.processes import start_cli
 
 WRITERS = 8
 PARTITIONS = 3
@@ -97,27 +95,6 @@ async def collect(bootstrap: str, topic: str, expected: int, timeout: float) -> 
     return arrivals
 
 
-async def create_topic(bootstrap: str, topic: str) -> None:
-    """Create the topic up front, so no consumer waits for it to appear in the metadata."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
-
-
-def start_cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """An ``outboxkit`` process logging to ``log``."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-c", "from outbox.cli import main; main()", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-
 async def wait_for_log(log: Path, text: str, timeout: float) -> None:
     """Wait until ``text`` appears in ``log``."""
     deadline = time.monotonic() + timeout
@@ -154,7 +131,7 @@ async def measure(
 ) -> tuple[list[float], list[float]]:
     """Commit-to-Kafka latencies, and commit-to-effect ones if ``consume``."""
     topic = f"lat-{uuid.uuid4().hex[:6]}"
-    await create_topic(bootstrap, topic)
+    await create_topic(bootstrap, topic, PARTITIONS)
     processes = [
         start_cli(
             [

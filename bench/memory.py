@@ -15,21 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, select
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
 from outbox import encode_binary, new_event
 from outbox.db import make_engine
+from outbox.dev.kafka import create_topic
+from outbox.dev.processes import start_cli
 from outbox.tables import outbox_events
 
 PARTITIONS = 3
@@ -58,11 +57,8 @@ def pending(url: str) -> int:
 
 def relay_peak(url: str, bootstrap: str, rows: int) -> tuple[float, float]:
     """Run a relay process until the backlog is drained; return (peak MiB, seconds)."""
-    relay = subprocess.Popen(
+    relay = start_cli(
         [
-            sys.executable,
-            "-c",
-            "from outbox.cli import main; main()",
             "relay",
             "--db-url",
             url,
@@ -74,7 +70,7 @@ def relay_peak(url: str, bootstrap: str, rows: int) -> tuple[float, float]:
             "3600",
             "--no-listen",
         ],
-        stderr=subprocess.DEVNULL,
+        Path(os.devnull),
     )
     started = time.perf_counter()
     peak = 0.0
@@ -92,12 +88,7 @@ def relay_peak(url: str, bootstrap: str, rows: int) -> tuple[float, float]:
 
 async def produce_backlog(bootstrap: str, topic: str, records: int) -> None:
     """Produce ``records`` binary-mode CloudEvents of ~200 bytes, in big batches, fast."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
+    await create_topic(bootstrap, topic, PARTITIONS)
     template = encode_binary(new_event(EVENT_TYPE, "/bench", {"seq": 0}))
     fixed = [(k, v.encode()) for k, v in template.headers.items() if k != "ce_id"]
     fill = "x" * 150
@@ -134,11 +125,8 @@ def consumer_peak(url: str, bootstrap: str, topic: str, records: int) -> tuple[f
     """Run a consumer process until every record is applied; return (peak MiB, seconds)."""
     create_effects_table(url)
     with tempfile.NamedTemporaryFile("w+b", suffix=".log") as log:
-        consumer = subprocess.Popen(
+        consumer = start_cli(
             [
-                sys.executable,
-                "-c",
-                "from outbox.cli import main; main()",
                 "consume",
                 "bench.consumer_app:app",
                 "--db-url",
@@ -148,9 +136,8 @@ def consumer_peak(url: str, bootstrap: str, topic: str, records: int) -> tuple[f
                 "--group",
                 f"mem-{topic}",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "OUTBOXKIT_BENCH_TOPIC": topic},
+            Path(log.name),
+            env={"OUTBOXKIT_BENCH_TOPIC": topic},
         )
         started = time.perf_counter()
         peak = 0.0

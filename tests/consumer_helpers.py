@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from cloudevents.core.v1.event import CloudEvent
 from sqlalchemy import func, select
 from sqlalchemy.pool import NullPool
@@ -29,16 +29,6 @@ FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_el
 def widget(n: int) -> CloudEvent:
     """Widget ``n`` as an event with a deterministic id, all on one partition key."""
     return new_event(WIDGET_TYPE, "/widgets", {"n": n}, id=f"w-{n}", partitionkey="k")
-
-
-async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
-    """Create ``topic`` with ``partitions`` partitions (replication factor 1)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:

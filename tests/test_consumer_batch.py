@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from consumers import ConsumerApp, HandlerSignatureError, Permanent, Retryable
+from outbox.dev.kafka import create_topic
 from tests.consumer_apps import WIDGET_TYPE, Widget, consumer_effects
 from tests.consumer_helpers import (
     FAST_RETRY,
@@ -18,7 +19,6 @@ from tests.consumer_helpers import (
     binary_record,
     committed_offsets,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce,
     running,

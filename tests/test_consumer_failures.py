@@ -13,6 +13,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from consumers import ConsumerApp, Permanent, Retryable, RetryPolicy, dlq_headers
+from outbox.dev.kafka import create_topic
 from tests.consumer_apps import WIDGET_TYPE, Widget, consumer_effects
 from tests.consumer_helpers import (
     FAST_RETRY,
@@ -20,7 +21,6 @@ from tests.consumer_helpers import (
     binary_record,
     committed_offsets,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce,
     running,

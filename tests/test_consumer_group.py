@@ -7,16 +7,16 @@ import re
 from pathlib import Path
 
 from outbox import new_event
+from outbox.dev.kafka import create_topic
+from outbox.dev.processes import start_cli, terminate
 from tests.consumer_apps import WIDGET_TYPE
 from tests.consumer_helpers import (
     committed_offsets,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce_events,
 )
 from tests.kafka_helpers import wait_for
-from tests.processes import start_cli, terminate
 
 EVENTS = 5_000
 PARTITIONS = 6

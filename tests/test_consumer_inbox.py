@@ -17,6 +17,7 @@ from sqlalchemy.pool import NullPool
 from consumers import ConsumerApp, inbox_events, purge_inbox
 from outbox import Outbox, new_event
 from outbox.db import make_async_engine, make_engine
+from outbox.dev.kafka import create_topic
 from outbox.tables import outbox_events
 from tests.consumer_apps import WIDGET_TYPE, Widget, consumer_effects
 from tests.consumer_helpers import (
@@ -24,7 +25,6 @@ from tests.consumer_helpers import (
     binary_record,
     count_rows,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce,
     produce_events,

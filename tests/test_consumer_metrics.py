@@ -13,18 +13,17 @@ from prometheus_client import REGISTRY
 from consumers import ConsumerApp
 from consumers.metrics import RuntimeCollector
 from outbox import new_event
-from outbox.dev.kafka import free_port
+from outbox.dev.kafka import create_topic, free_port
+from outbox.dev.processes import start_cli, terminate
 from tests.consumer_apps import WIDGET_TYPE, Widget
 from tests.consumer_helpers import (
     alive,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce_events,
     running,
 )
 from tests.kafka_helpers import wait_for
-from tests.processes import start_cli, terminate
 
 SECRET = "MARKER-c0ffee-never-in-telemetry"
 N, D = 12, 3

@@ -27,6 +27,7 @@ from consumers import ConsumerApp, Permanent, RetryPolicy, dlq_headers
 from consumers.replay_tables import dlq_replays
 from outbox import new_event
 from outbox.db import make_engine
+from outbox.dev.kafka import create_topic
 from tests.consumer_apps import consumer_effects
 from tests.consumer_helpers import (
     RawRecord,
@@ -34,7 +35,6 @@ from tests.consumer_helpers import (
     binary_record,
     committed_offsets,
     create_effects_table,
-    create_topic,
     effect_rows,
     produce,
     running,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.consumer_helpers import create_topic, produce
+from outbox.dev.kafka import create_topic
+from tests.consumer_helpers import produce
 from tests.ops_helpers import cli, cli_process
 
 

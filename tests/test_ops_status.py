@@ -13,9 +13,10 @@ from consumers.replay_tables import dlq_replays
 from consumers.tables import inbox_events
 from outbox import Outbox, new_event
 from outbox.db import make_async_engine, make_engine
+from outbox.dev.kafka import create_topic
 from outbox.tables import outbox_events
 from relay.leases import ShardLeases
-from tests.consumer_helpers import create_topic, produce
+from tests.consumer_helpers import produce
 from tests.ops_helpers import cli, commit_offsets
 
 PARTITION_RECORDS = 5

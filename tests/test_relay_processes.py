@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from outbox import Outbox, new_event
 from outbox.db import make_engine
 from outbox.dev.kafka import KafkaBroker
+from outbox.dev.processes import kill, start_cli, terminate
 from outbox.tables import outbox_events, outbox_shard_leases
 from tests.kafka_helpers import read_topic, wait_for
-from tests.processes import kill, start_cli, terminate
 
 KEYS = 50
 

@@ -16,10 +16,10 @@ from consumers import ConsumerApp
 from outbox import Outbox, new_event
 from outbox.db import make_engine
 from outbox.dev.kafka import free_port
+from outbox.dev.processes import start_cli, terminate
 from relay import Relay, RelayOptions
 from tests.consumer_helpers import alive, running
 from tests.kafka_helpers import read_topic, wait_for
-from tests.processes import start_cli, terminate
 
 SECRET = "MARKER-7f3a-do-not-log"
 

@@ -19,8 +19,9 @@ from consumers.tracing import HandlerTelemetry
 from outbox import Outbox, new_event, telemetry
 from outbox.actions.events import STARTED
 from outbox.db import make_engine
+from outbox.dev.kafka import create_topic
 from relay import Relay, RelayOptions
-from tests.consumer_helpers import FAST_RETRY, alive, binary_record, create_topic, produce, running
+from tests.consumer_helpers import FAST_RETRY, alive, binary_record, produce, running
 from tests.kafka_helpers import read_topic, wait_for
 
 MARKER = "MARKER-5e1f-never-in-a-span"

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,6 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from outbox.dev.processes import terminate
 
 KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.24.3"
@@ -232,14 +233,8 @@ class KafkaBroker:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker with SIGTERM (SIGKILL after ``timeout``); the data dir stays."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            terminate(process, timeout)
 
     def restart(self) -> None:
         """Stop and start again on the same port with the same data."""
@@ -298,3 +293,16 @@ async def _metadata_ok(bootstrap: str) -> bool:
         return False
     finally:
         await client.close()
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` with ``partitions`` partitions (replication factor 1) up front, so no
+    consumer waits for it to appear in the metadata."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()

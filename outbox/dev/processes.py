@@ -1,4 +1,4 @@
-"""Starting and stopping outboxkit CLI processes in tests."""
+"""Starting and stopping outboxkit CLI processes, for tests and benchmarks."""
 
 from __future__ import annotations
 

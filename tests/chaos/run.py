@@ -23,17 +23,16 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from outbox.db import make_engine
-from outbox.dev.kafka import KafkaBroker
+from outbox.dev.kafka import KafkaBroker, create_topic
 from outbox.dev.postgres import throwaway_database
+from outbox.dev.processes import kill, start_cli, terminate
 from outbox.tables import outbox_events
 from tests.chaos.app import chaos_effects, chaos_metadata
 from tests.kafka_helpers import read_topic
-from tests.processes import kill, start_cli, terminate
 
 PARTITIONS = 6
 PRODUCERS = 3
@@ -126,16 +125,6 @@ def cut_database_connections(db_url: str) -> int:
     return cut
 
 
-async def create_topic(bootstrap: str, topic: str) -> None:
-    """The input topic, with several partitions so the consumers share it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
-
-
 def start_producers(db_url: str, topic: str, events: int, seed: int, workdir: Path) -> list:
     """Start the producer processes, each with its own keys; return them."""
     producers = []
@@ -173,7 +162,7 @@ def run_chaos(
             engine = make_engine(db_url)
             chaos_metadata.create_all(engine)
             engine.dispose()
-            asyncio.run(create_topic(broker.bootstrap, topic))
+            asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
             fleet = Fleet(db_url, broker.bootstrap, topic, workdir)
             for slot in ("relay-1", "relay-2", "consumer-1", "consumer-2", "consumer-3"):
                 fleet.start(slot)
