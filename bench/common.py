@@ -9,15 +9,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.outbox.writer import outbox_row
+from outboxkit.testing.kafka import broker_from_env
+from outboxkit.testing.postgres import throwaway_database
 from rich.console import Console
 from rich.table import Table
-
-from outbox import encode_binary, new_event
-from outbox.db import make_engine
-from outbox.dev.kafka import broker_from_env
-from outbox.dev.postgres import throwaway_database
-from outbox.tables import outbox_events
-from outbox.writer import outbox_row
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -14,13 +14,12 @@ import time
 from typing import Literal
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.consumers import ConsumerApp
+from outboxkit.outbox.db import make_engine
 from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, Double, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
-
-from consumers import ConsumerApp
-from outbox.db import make_engine
 
 EVENT_TYPE = "bench.event"
 

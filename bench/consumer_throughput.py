@@ -33,14 +33,14 @@ import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from outboxkit.consumers import ConsumerRuntime, inbox_events
+from outboxkit.outbox import encode_binary
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.testing.kafka import create_topic
 from sqlalchemy import func, insert, select
 
 from bench.common import kafka, postgres_database, report, sample_events
 from bench.consumer_app import Effect, bench_effects, create_effects_table, make_app
-from consumers import ConsumerRuntime, inbox_events
-from outbox import encode_binary
-from outbox.db import make_async_engine
-from outbox.dev.kafka import create_topic
 
 BATCH = 500  # max_poll_records of both sides (the runtime's default max_batch)
 

@@ -24,15 +24,15 @@ import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.processes import start_cli
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bench.common import kafka, postgres_database, report
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
-from outbox import Outbox, new_event
-from outbox.db import make_async_engine
-from outbox.dev.kafka import create_topic
-from outbox.dev.processes import start_cli
 
 WRITERS = 8
 PARTITIONS = 3

@@ -21,15 +21,15 @@ import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
+from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.processes import start_cli
 from sqlalchemy import func, select
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
-from outbox import encode_binary, new_event
-from outbox.db import make_engine
-from outbox.dev.kafka import create_topic
-from outbox.dev.processes import start_cli
-from outbox.tables import outbox_events
 
 PARTITIONS = 3
 

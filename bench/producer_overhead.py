@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_engine
 from sqlalchemy import Column, Integer, MetaData, String, Table, text
 from sqlalchemy.orm import Session
 
 from bench.common import postgres_database, report
-from outbox import Outbox, new_event
-from outbox.db import make_engine
 
 domain = MetaData()
 accounts = Table(

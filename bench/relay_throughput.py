@@ -15,10 +15,10 @@ import time
 import uuid
 
 from aiokafka import AIOKafkaProducer
+from outboxkit.outbox import encode_binary
+from outboxkit.relay import Relay, RelayOptions
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
-from outbox import encode_binary
-from relay import Relay, RelayOptions
 
 
 async def raw_producer(bootstrap: str, topic: str, events: list) -> float:

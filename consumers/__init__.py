@@ -1,11 +1,11 @@
 """The consumer runtime: inbox-deduplicated handlers, retries and a dead-letter topic."""
 
-from consumers.app import ConsumerApp, Handler, HandlerSignatureError
-from consumers.errors import ConsumerError, NoHandlerError, Permanent, Retryable
-from consumers.inbox import purge_inbox
-from consumers.retry import RetryPolicy
-from consumers.runtime import ConsumerRuntime, Stats
-from consumers.tables import inbox_events
+from outboxkit.consumers.app import ConsumerApp, Handler, HandlerSignatureError
+from outboxkit.consumers.errors import ConsumerError, NoHandlerError, Permanent, Retryable
+from outboxkit.consumers.inbox import purge_inbox
+from outboxkit.consumers.retry import RetryPolicy
+from outboxkit.consumers.runtime import ConsumerRuntime, Stats
+from outboxkit.consumers.tables import inbox_events
 
 __all__ = [
     "ConsumerApp",

@@ -32,15 +32,14 @@ from typing import Any, Literal
 
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.consumers.dlq import DEFAULT_DLQ_TOPIC
+from outboxkit.consumers.inbox import DEFAULT_RETENTION
+from outboxkit.consumers.metrics import HANDLER_SECONDS
+from outboxkit.consumers.retry import RetryPolicy
+from outboxkit.consumers.tables import CONSUMER_MAX
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
-
-from consumers.dlq import DEFAULT_DLQ_TOPIC
-from consumers.inbox import DEFAULT_RETENTION
-from consumers.metrics import HANDLER_SECONDS
-from consumers.retry import RetryPolicy
-from consumers.tables import CONSUMER_MAX
 
 Unhandled = Literal["skip", "dead-letter"]
 HandlerFunc = Callable[..., Any]

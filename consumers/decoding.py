@@ -22,9 +22,8 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from dateutil.parser import isoparse
-
-from consumers.errors import Permanent
-from consumers.tables import EVENT_ID_MAX, SOURCE_MAX
+from outboxkit.consumers.errors import Permanent
+from outboxkit.consumers.tables import EVENT_ID_MAX, SOURCE_MAX
 
 CE_PREFIX = "ce_"
 CONTENT_TYPE = "content-type"

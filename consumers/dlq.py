@@ -1,6 +1,6 @@
 """Dead-lettering: the failed record, unchanged, plus headers that say what went wrong.
 
-The header names are in :mod:`consumers.dlq_headers`. Delivery uses an idempotent producer
+The header names are in :mod:`outboxkit.consumers.dlq_headers`. Delivery uses an idempotent producer
 (``acks=all``) and waits for the broker's acknowledgement, because the source offset is
 committed only after it.
 """
@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-
-from consumers import dlq_headers
-from consumers.errors import MAX_MESSAGE_CHARS
+from outboxkit.consumers import dlq_headers
+from outboxkit.consumers.errors import MAX_MESSAGE_CHARS
 
 DEFAULT_DLQ_TOPIC = "{topic}.dlq"
 

@@ -13,10 +13,9 @@ import traceback
 from enum import StrEnum
 from pathlib import Path
 
+from outboxkit.outbox.errors import OutboxError
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
-
-from outbox.errors import OutboxError
 
 MAX_MESSAGE_CHARS = 300
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
+from outboxkit.consumers.tables import inbox_events
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_insert, supported
 from sqlalchemy import Insert, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-
-from consumers.tables import inbox_events
-from outbox.clock import db_now_ms
-from outbox.dialects import dialect_insert, supported
 
 DEFAULT_RETENTION = timedelta(days=7)
 DEFAULT_PURGE_CHUNK = 5_000

@@ -1,9 +1,9 @@
 """Prometheus metrics of the consumer runtime (served with ``outboxkit consume --metrics-port``).
 
-Counters are read from the runtime's own :class:`~consumers.runtime.Stats` at scrape time, so
+Counters are read from the runtime's own :class:`Stats` at scrape time, so
 the hot path pays nothing for them; the handler duration is a histogram observed per call, and
 the time from an event's ``time`` to the commit of its effect is observed per applied event once
-its transaction committed (see :mod:`consumers.tracing`). The lag per partition is computed at
+its transaction committed (see :mod:`.tracing`). The lag per partition is computed at
 scrape time from the consumer's high watermark and the runtime's :class:`Positions`.
 Labels hold the consumer name, topics, partitions, event types and error classes only.
 """
@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from consumers.runtime import ConsumerRuntime
+    from outboxkit.consumers.runtime import ConsumerRuntime
 
 HANDLER_SECONDS = Histogram(
     "outboxkit_consumer_handler_seconds",

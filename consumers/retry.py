@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from outbox.backoff import Backoff
+from outboxkit.outbox.backoff import Backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class RetryPolicy:
             raise ValueError("delays must not be negative")
 
     def delay(self, failures: int, rng: random.Random | None = None) -> float:
-        """A full-jitter delay after ``failures`` failed attempts (outbox.backoff)."""
+        """A full-jitter delay after ``failures`` failed attempts (outboxkit.outbox.backoff)."""
         backoff = Backoff(base_s=self.base_delay, cap_s=self.max_delay)
         return backoff.delay(min(failures, 64), rng)
 

@@ -28,13 +28,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from cloudevents.core.v1.event import CloudEvent
-from sqlalchemy import inspect
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-
-from consumers.app import ConsumerApp, Handler
-from consumers.decoding import decode_record
-from consumers.dlq import DeadLetter, DeadLetterPublisher
-from consumers.errors import (
+from outboxkit.consumers.app import ConsumerApp, Handler
+from outboxkit.consumers.decoding import decode_record
+from outboxkit.consumers.dlq import DeadLetter, DeadLetterPublisher
+from outboxkit.consumers.errors import (
     Category,
     ConsumerError,
     NoHandlerError,
@@ -42,10 +39,12 @@ from consumers.errors import (
     error_class,
     safe_message,
 )
-from consumers.inbox import claim, claim_many, purge_inbox
-from consumers.metrics import Positions
-from consumers.tracing import HandlerTelemetry, Transaction
-from outbox.db import make_async_engine
+from outboxkit.consumers.inbox import claim, claim_many, purge_inbox
+from outboxkit.consumers.metrics import Positions
+from outboxkit.consumers.tracing import HandlerTelemetry, Transaction
+from outboxkit.outbox.db import make_async_engine
+from sqlalchemy import inspect
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 log = logging.getLogger("outboxkit.consumer")
 
@@ -234,7 +233,7 @@ class ConsumerRuntime:
         self._committer: asyncio.Task[None] | None = None
         # Partitions applied at once, each with a connection of its own (bounded by the pool).
         self._partition_slots = asyncio.Semaphore(PARTITIONS_AT_ONCE)
-        # Telemetry hooks (consumers.tracing, consumers.metrics): spans and commit times per
+        # Telemetry hooks (.tracing, .metrics): spans and commit times per
         # handler call, and the next offset to handle per partition for the lag gauge.
         self.telemetry = HandlerTelemetry(self.group, app.name)
         self.positions = Positions()

@@ -1,14 +1,13 @@
 """The inbox table: one row per event a consumer has applied, keyed by ``(consumer, source, id)``.
 
-It lives in :data:`outbox.tables.metadata` beside the outbox tables, and is created by the
+It lives in :data:`outboxkit.outbox.tables.metadata` beside the outbox tables, and is created by the
 migration ``0002_inbox``.
 """
 
 from __future__ import annotations
 
+from outboxkit.outbox.tables import metadata
 from sqlalchemy import BigInteger, Column, Index, String, Table
-
-from outbox.tables import metadata
 
 CONSUMER_MAX = 200
 SOURCE_MAX = 512

@@ -14,7 +14,7 @@ commit (event ``consume.rolled_back``), or the attempt failed and the runtime de
 set error status with the error's class only. A record dead-lettered without any handler
 attempt (undecodable, no handler, failed commits) gets a span of its own for the decision.
 Redeliveries skipped by the inbox get no span: the handler does not run. Without a configured
-OpenTelemetry SDK (:func:`outbox.telemetry.enabled`) no span work is done at all.
+OpenTelemetry SDK (:func:`outboxkit.outbox.telemetry.enabled`) no span work is done at all.
 
 The same per-transaction object collects the CloudEvents ``time`` of every applied event and
 observes ``outboxkit_consumer_commit_to_effect_seconds`` once the transaction committed.
@@ -30,10 +30,8 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 from cloudevents.core.v1.event import CloudEvent
-
-from consumers.metrics import COMMIT_TO_EFFECT
-from outbox import telemetry
-from outbox.actions.events import EVENT_PREFIX as ACTION_EVENT_PREFIX
+from outboxkit.consumers.metrics import COMMIT_TO_EFFECT
+from outboxkit.outbox import telemetry
 
 try:  # only used once telemetry.enabled() said OpenTelemetry is there
     from opentelemetry import context as _otel_context
@@ -132,9 +130,10 @@ class HandlerTelemetry:
             attributes["cloudevents.event_type"] = event.get_type()
             attributes["cloudevents.event_source"] = event.get_source()
             attributes["cloudevents.event_id"] = event.get_id()
-            if event.get_type().startswith(ACTION_EVENT_PREFIX):
-                # Agent-action events carry their operation key as the CloudEvents subject.
-                attributes["outboxkit.operation_key"] = event.get_subject()
+            subject = event.get_subject()
+            if subject is not None:
+                # The standard attribute; agent-action events carry their operation key here.
+                attributes["cloudevents.event_subject"] = subject
         else:  # binary-mode attribute headers, when the record could not be decoded
             attributes["cloudevents.event_type"] = headers.get("ce_type")
             attributes["cloudevents.event_source"] = headers.get("ce_source")

@@ -21,19 +21,18 @@ import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime
+from outboxkit.migrations.runner import upgrade
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.logs import configure_logging
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.relay import Relay, RelayOptions
+from outboxkit.testing.kafka import broker_from_env
 from pydantic import BaseModel
 from sqlalchemy import Column, Integer, MetaData, Numeric, String, Table, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
-
-from consumers import ConsumerApp, ConsumerRuntime
-from outbox import Outbox, new_event
-from outbox.db import make_engine
-from outbox.dev.kafka import broker_from_env
-from outbox.logs import configure_logging
-from outbox.migrate import upgrade
-from outbox.tables import outbox_events
-from relay import Relay, RelayOptions
 
 WORKDIR = Path(".outboxkit/quickstart")
 # A topic of its own per run, so a broker shared with earlier runs shows only this run's records.

@@ -7,10 +7,9 @@ own Alembic history can run these migrations beside its own without merging head
 from __future__ import annotations
 
 from alembic import context
+from outboxkit.migrations.runner import VERSION_TABLE
+from outboxkit.outbox.db import make_engine
 from sqlalchemy import Connection
-
-from outbox.db import make_engine
-from outbox.migrate import VERSION_TABLE
 
 
 def _run(connection: Connection) -> None:

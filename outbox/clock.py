@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from outboxkit.outbox.dialects import supported
 from sqlalchemy import BigInteger, literal_column
 from sqlalchemy.sql.elements import ColumnElement
-
-from outbox.dialects import supported
 
 _NOW_MS_SQL = {
     "postgresql": "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint",

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from outboxkit.outbox.errors import UnsupportedDatabaseError
 from sqlalchemy.dialects import postgresql, sqlite
-
-from outbox.errors import UnsupportedDatabaseError
 
 _INSERTS: dict[str, Callable[..., Any]] = {
     "postgresql": postgresql.insert,

@@ -17,10 +17,9 @@ from cloudevents.core.bindings.kafka import to_binary
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.outbox.errors import InvalidEventError
 from pydantic import BaseModel
 from uuid6 import uuid7
-
-from outbox.errors import InvalidEventError
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from outboxkit.outbox.errors import OutboxError
 from prometheus_client import start_http_server
-
-from outbox.cli import CliError
 
 
 def serve_metrics(port: int, address: str = "0.0.0.0") -> None:
@@ -12,4 +11,4 @@ def serve_metrics(port: int, address: str = "0.0.0.0") -> None:
     try:
         start_http_server(port, addr=address)
     except OSError as error:
-        raise CliError(f"cannot serve metrics on port {port}: {error.strerror}") from error
+        raise OutboxError(f"cannot serve metrics on port {port}: {error.strerror}") from error

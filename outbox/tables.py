@@ -1,6 +1,6 @@
 """Table definitions of the outbox and of the relay's coordination state.
 
-Times are epoch milliseconds from the database clock (see :mod:`outbox.clock`), so relays on
+Times are epoch milliseconds from the database clock (see :mod:`.clock`), so relays on
 different hosts compare leases against one clock.
 """
 

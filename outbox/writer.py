@@ -10,17 +10,16 @@ from dataclasses import replace
 from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.errors import InvalidEventError
+from outboxkit.outbox.events import EncodedEvent, encode_binary
+from outboxkit.outbox.sharding import shard_for
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.outbox.telemetry import current_context_headers
 from sqlalchemy import Insert, bindparam
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
-
-from outbox.clock import db_now_ms
-from outbox.dialects import dialect_insert
-from outbox.errors import InvalidEventError
-from outbox.events import EncodedEvent, encode_binary
-from outbox.sharding import shard_for
-from outbox.tables import outbox_events
-from outbox.telemetry import current_context_headers
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 

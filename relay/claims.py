@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.tables import outbox_events, outbox_shard_leases
 from sqlalchemy import (
     BigInteger,
     Result,
@@ -34,9 +36,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.elements import ColumnElement
-
-from outbox.clock import db_now_ms
-from outbox.tables import outbox_events, outbox_shard_leases
 
 PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
 

@@ -1,7 +1,7 @@
 """Shard leases: which relay may publish which shards, so per-key order survives several relays.
 
 Every relay heartbeats into ``outbox_relays`` and takes a fair share of the
-:data:`~outbox.sharding.SHARD_COUNT` shards through conditional updates of
+:data:`~outboxkit.outbox.sharding.SHARD_COUNT` shards through conditional updates of
 ``outbox_shard_leases`` (holder, expiry on the database clock). A lease is renewed on every
 heartbeat; a dead relay's leases expire after the TTL and are taken over. On SQLite the relay
 takes all shards or none, so one relay publishes and a second one waits.
@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.sharding import SHARD_COUNT
+from outboxkit.outbox.tables import outbox_relays, outbox_shard_leases
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from outbox.clock import db_now_ms
-from outbox.sharding import SHARD_COUNT
-from outbox.tables import outbox_relays, outbox_shard_leases
 
 
 @dataclass

@@ -6,9 +6,8 @@ import asyncio
 import logging
 
 import asyncpg
+from outboxkit.outbox.backoff import Backoff
 from sqlalchemy.engine import make_url
-
-from outbox.backoff import Backoff
 
 CHANNEL = "outboxkit_outbox"
 log = logging.getLogger("outboxkit.relay")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from outbox.backoff import Backoff
+from outboxkit.outbox.backoff import Backoff
 
 
 @dataclass(frozen=True)

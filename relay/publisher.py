@@ -32,10 +32,9 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
-
-from outbox import telemetry
-from relay import metrics
-from relay.claims import ClaimedRow, Failure
+from outboxkit.outbox import telemetry
+from outboxkit.relay import metrics
+from outboxkit.relay.claims import ClaimedRow, Failure
 
 log = logging.getLogger("outboxkit.relay")
 

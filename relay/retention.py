@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from outbox.clock import db_now_ms
-from outbox.tables import outbox_events
 
 
 async def delete_published(engine: AsyncEngine, retention_ms: int, chunk: int) -> int:

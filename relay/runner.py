@@ -12,18 +12,17 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.relay import metrics
+from outboxkit.relay.claims import ClaimedRow, Claims
+from outboxkit.relay.health import DependencyHealth
+from outboxkit.relay.leases import ShardLeases
+from outboxkit.relay.notify import CommitListener
+from outboxkit.relay.options import RelayOptions
+from outboxkit.relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
+from outboxkit.relay.retention import delete_published
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-
-from outbox.db import make_async_engine
-from relay import metrics
-from relay.claims import ClaimedRow, Claims
-from relay.health import DependencyHealth
-from relay.leases import ShardLeases
-from relay.notify import CommitListener
-from relay.options import RelayOptions
-from relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
-from relay.retention import delete_published
 
 log = logging.getLogger("outboxkit.relay")
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)

@@ -6,4 +6,4 @@ if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
-python3 -c "from outbox.dev.kafka import fetch_jars; print('kafka jars:', fetch_jars())"
+python3 -c "from outboxkit.testing.kafka import fetch_jars; print('kafka jars:', fetch_jars())"

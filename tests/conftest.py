@@ -8,10 +8,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from outboxkit.migrations.runner import upgrade
+from outboxkit.testing.kafka import KafkaBroker, broker_from_env
+from outboxkit.testing.postgres import throwaway_database
 
-from outbox.dev.kafka import KafkaBroker, broker_from_env
-from outbox.dev.postgres import throwaway_database
-from outbox.migrate import upgrade
+
+# Tests that use any of these need a real broker or PostgreSQL server: they are marked
+# ``integration``, so ``pytest -m "not integration"`` is the fast lane.
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs Kafka or PostgreSQL as ``integration``."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (
+            INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            or params.get("db_url") == "postgresql"
+        ):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -11,18 +11,18 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from outboxkit.actions.events import STARTED
+from outboxkit.consumers import ConsumerApp, Permanent, Retryable
+from outboxkit.consumers.tracing import HandlerTelemetry
+from outboxkit.outbox import Outbox, new_event, telemetry
+from outboxkit.outbox.db import make_engine
+from outboxkit.relay import Relay, RelayOptions
+from outboxkit.testing.kafka import create_topic
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from consumers import ConsumerApp, Permanent, Retryable
-from consumers.tracing import HandlerTelemetry
-from outbox import Outbox, new_event, telemetry
-from outbox.actions.events import STARTED
-from outbox.db import make_engine
-from outbox.dev.kafka import create_topic
-from relay import Relay, RelayOptions
-from tests.consumer_helpers import FAST_RETRY, alive, binary_record, produce, running
-from tests.kafka_helpers import read_topic, wait_for
+from tests.support.consumers import FAST_RETRY, alive, binary_record, produce, running
+from tests.support.kafka import read_topic, wait_for
 
 MARKER = "MARKER-5e1f-never-in-a-span"
 RELAY_OPTIONS = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, retention_s=3600)
@@ -225,7 +225,7 @@ def test_action_events_name_their_operation_and_structured_events_keep_their_ori
     HandlerTelemetry("audit-group", "audit").start(record, event, 3).end()
 
     (consume,) = named(spans, "outbox consume")
-    assert consume.attributes["outboxkit.operation_key"] == key
+    assert consume.attributes["cloudevents.event_subject"] == key
     assert consume.attributes["outboxkit.attempt"] == 3
     assert consume.attributes["messaging.kafka.offset"] == 41
     assert consume.attributes["messaging.destination.partition.id"] == "2"

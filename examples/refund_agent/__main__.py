@@ -11,17 +11,17 @@ import asyncio
 import json
 import uuid
 
+from outboxkit.actions import ActionError, ActionOutcomeUnknownError, ActionStore
+from outboxkit.migrations.runner import upgrade
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.settings import Settings
+from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from examples.refund_agent.agent import RefundAgent, Ticket
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
-from outbox.actions import ActionError, ActionOutcomeUnknownError, ActionStore
-from outbox.db import make_async_engine
-from outbox.migrate import upgrade
-from outbox.settings import Settings
-from outbox.tables import outbox_events
 
 TENANT = "acme-shop"
 

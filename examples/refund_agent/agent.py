@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outboxkit.actions import ActionOutcome, ActionStore, RetryPolicy, operation_key, run_action
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from examples.refund_agent.payments import PaymentsClient
-from outbox.actions import ActionOutcome, ActionStore, RetryPolicy, operation_key, run_action
 
 ACTION_TYPE = "payments.refund"
 ACTION_VERSION = 1

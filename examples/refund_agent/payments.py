@@ -13,7 +13,7 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from outbox.actions import (
+from outboxkit.actions import (
     Absent,
     ActionResult,
     Found,

@@ -13,8 +13,8 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-SHARD_COUNT = 64  # outbox.sharding.SHARD_COUNT at the time of this revision
-NOTIFY_CHANNEL = "outboxkit_outbox"  # relay.notify.CHANNEL
+SHARD_COUNT = 64  # outboxkit.outbox.sharding.SHARD_COUNT at the time of this revision
+NOTIFY_CHANNEL = "outboxkit_outbox"  # outboxkit.relay.notify.CHANNEL
 
 
 def upgrade() -> None:

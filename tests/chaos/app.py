@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.consumers import ConsumerApp, RetryPolicy
 from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from consumers import ConsumerApp, RetryPolicy
 
 chaos_metadata = MetaData()
 chaos_effects = Table(

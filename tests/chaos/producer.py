@@ -14,11 +14,11 @@ import random
 import sys
 import time
 
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from outbox import Outbox, new_event
-from outbox.db import make_engine
 from tests.chaos.app import EVENT_TYPE
 
 

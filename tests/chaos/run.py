@@ -23,16 +23,16 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.testing.kafka import KafkaBroker, create_topic
+from outboxkit.testing.postgres import throwaway_database
+from outboxkit.testing.processes import kill, start_cli, terminate
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
-from outbox.db import make_engine
-from outbox.dev.kafka import KafkaBroker, create_topic
-from outbox.dev.postgres import throwaway_database
-from outbox.dev.processes import kill, start_cli, terminate
-from outbox.tables import outbox_events
 from tests.chaos.app import chaos_effects, chaos_metadata
-from tests.kafka_helpers import read_topic
+from tests.support.kafka import read_topic
 
 PARTITIONS = 6
 PRODUCERS = 3

@@ -12,6 +12,7 @@ from tests.chaos.run import run_chaos
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.timeout(1200)
 def test_every_committed_event_applied_exactly_once_under_faults(tmp_path: Path) -> None:
     events = int(os.environ.get("OUTBOXKIT_CHAOS_EVENTS", "20000"))

@@ -1,0 +1,196 @@
+"""Plain values the store hands out: operations, audit entries, leases, decisions, outcomes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from outboxkit.actions.states import State
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRecord:
+    """One row of ``agent_operations`` as the database last showed it (times in epoch ms)."""
+
+    id: int
+    tenant: str
+    key: str
+    generation: int
+    action_type: str
+    params_hash: str
+    state: State
+    attempts: int
+    lease_holder: str | None
+    lease_expires_ms: int | None
+    result: Any
+    external_ref: str | None
+    last_error: str | None
+    needs_attention: bool
+    created_ms: int
+    updated_ms: int
+    expires_ms: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OperationRecord:
+        """Build a record from a row mapping of ``agent_operations``."""
+        return cls(
+            id=row["id"],
+            tenant=row["tenant"],
+            key=row["op_key"],
+            generation=row["generation"],
+            action_type=row["action_type"],
+            params_hash=row["params_hash"],
+            state=State(row["state"]),
+            attempts=row["attempts"],
+            lease_holder=row["lease_holder"],
+            lease_expires_ms=row["lease_expires_ms"],
+            result=None if row["result"] is None else json.loads(row["result"]),
+            external_ref=row["external_ref"],
+            last_error=row["last_error"],
+            needs_attention=bool(row["needs_attention"]),
+            created_ms=row["created_ms"],
+            updated_ms=row["updated_ms"],
+            expires_ms=row["expires_ms"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (used by the CLI)."""
+        return {
+            "tenant": self.tenant,
+            "key": self.key,
+            "generation": self.generation,
+            "action_type": self.action_type,
+            "params_hash": self.params_hash,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "lease_holder": self.lease_holder,
+            "lease_expires_ms": self.lease_expires_ms,
+            "result": self.result,
+            "external_ref": self.external_ref,
+            "last_error": self.last_error,
+            "needs_attention": self.needs_attention,
+            "created_ms": self.created_ms,
+            "updated_ms": self.updated_ms,
+            "expires_ms": self.expires_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One row of the append-only ``agent_operation_audit`` trail."""
+
+    generation: int
+    attempt: int
+    from_state: str | None
+    to_state: str
+    at_ms: int
+    actor: str
+    reason: str
+    detail: Any
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AuditEntry:
+        """Build an entry from a row mapping of ``agent_operation_audit``."""
+        return cls(
+            generation=row["generation"],
+            attempt=row["attempt"],
+            from_state=row["from_state"],
+            to_state=row["to_state"],
+            at_ms=row["at_ms"],
+            actor=row["actor"],
+            reason=row["reason"],
+            detail=None if row["detail"] is None else json.loads(row["detail"]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (used by the CLI)."""
+        return {
+            "generation": self.generation,
+            "attempt": self.attempt,
+            "from": self.from_state,
+            "to": self.to_state,
+            "at_ms": self.at_ms,
+            "by": self.actor,
+            "reason": self.reason,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof that the holder claimed attempt ``attempt`` of generation ``generation``.
+
+    Finishing calls (complete, fail, mark_unknown) are fenced by it: a worker whose attempt
+    was reclaimed, resolved or replaced gets :class:`StaleLeaseError`.
+    """
+
+    tenant: str
+    key: str
+    generation: int
+    attempt: int
+    holder: str
+
+
+class DecisionKind(StrEnum):
+    """What a begin decided."""
+
+    EXECUTE = "execute"
+    """Claimed (RUNNING under the returned lease): perform the side effect now."""
+    SUCCEEDED = "succeeded"
+    """Done before: use ``operation.result``; do not execute."""
+    IN_PROGRESS = "in_progress"
+    """Another worker holds a live lease: wait or poll, do not execute."""
+    UNKNOWN = "unknown"
+    """Outcome unknown: no retry until it is reconciled or resolved."""
+    FAILED = "failed"
+    """Failed for good: ``operation.last_error`` says why; do not execute."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer of :meth:`ActionStore.begin`; ``lease`` is set only for EXECUTE."""
+
+    kind: DecisionKind
+    operation: OperationRecord
+    lease: Lease | None = None
+
+    @property
+    def should_execute(self) -> bool:
+        """True only when this caller claimed the operation and must perform it."""
+        return self.kind is DecisionKind.EXECUTE
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """Reconciler: the action is in the external system; this is its result."""
+
+    result: Any = None
+    external_ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    """Reconciler: the action is proven absent and can no longer land; safe to retry."""
+
+    reason: str = "proven absent in the external system"
+
+
+@dataclass(frozen=True, slots=True)
+class Unclear:
+    """Reconciler: cannot tell; the operation stays UNKNOWN and is flagged for a person."""
+
+    reason: str
+
+
+ReconcileOutcome = Found | Absent | Unclear
+
+
+class Resolution(StrEnum):
+    """An operator's decision for an UNKNOWN (or a PENDING) operation."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRY = "retry"

@@ -1,0 +1,726 @@
+"""The operation store: begin, finish, reconcile and resolve, in the caller's transaction.
+
+Every method takes an :class:`AsyncSession` and never commits: the state change, its audit
+row and its CloudEvent exist exactly when the caller's transaction commits. Concurrency is
+handled by the unique ``(tenant, op_key)`` constraint and by conditional updates (compare and
+set on state, generation and attempts), so it is safe under PostgreSQL's READ COMMITTED and
+SQLite's serialised writers without holding row locks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+from outboxkit.actions import events, metrics
+from outboxkit.actions.errors import (
+    ActionError,
+    IllegalTransitionError,
+    InvalidActionInputError,
+    OperationConflictError,
+    OperationNotFoundError,
+    StaleLeaseError,
+)
+from outboxkit.actions.hashing import canonical_json, params_hash
+from outboxkit.actions.keys import check_key, check_tenant
+from outboxkit.actions.records import (
+    Absent,
+    AuditEntry,
+    Decision,
+    DecisionKind,
+    Found,
+    Lease,
+    OperationRecord,
+    ReconcileOutcome,
+    Resolution,
+    Unclear,
+)
+from outboxkit.actions.states import REPLACEABLE, State, check_transition
+from outboxkit.actions.tables import agent_operation_audit as audit
+from outboxkit.actions.tables import agent_operations as ops
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_insert, supported
+from outboxkit.outbox.writer import Outbox
+from sqlalchemy import ColumnElement, Insert, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+DEFAULT_LEASE_MS = 60_000
+DEFAULT_TTL_MS = 24 * 3600 * 1000
+_MAX_RACES = 8  # re-reads after losing a compare-and-set; each loss means someone progressed
+_RESOLUTION_TARGET = {
+    Resolution.SUCCEEDED: State.SUCCEEDED,
+    Resolution.FAILED: State.FAILED_FINAL,
+    Resolution.RETRY: State.PENDING,
+}
+
+
+def new_holder() -> str:
+    """A lease-holder name unique to one claim attempt: host, pid and a random suffix."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class ActionStore:
+    """Records agent operations and decides, in code, whether one may run.
+
+    ``lease_ms`` is how long a claim stays live without an answer (then the operation becomes
+    UNKNOWN, not PENDING); ``ttl_ms`` how long a record is remembered after its last change
+    before a begin with the same key may start a new operation. Events go through ``outbox``
+    (default: topic ``outboxkit.actions``) with ``source``.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox | None = None,
+        *,
+        source: str = events.DEFAULT_SOURCE,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        ttl_ms: int = DEFAULT_TTL_MS,
+    ) -> None:
+        self.outbox = outbox or Outbox(default_topic=events.DEFAULT_TOPIC)
+        self.source = source
+        self.lease_ms = _positive_ms("lease_ms", lease_ms)
+        self.ttl_ms = _positive_ms("ttl_ms", ttl_ms)
+
+    # -- begin ---------------------------------------------------------------------------
+
+    async def begin(
+        self,
+        session: AsyncSession,
+        *,
+        tenant: str,
+        key: str,
+        action_type: str,
+        params: Any,
+        lease_ms: int | None = None,
+        holder: str | None = None,
+    ) -> Decision:
+        """Decide whether this caller may execute the action named by ``(tenant, key)``.
+
+        New key, PENDING, or an expired finished record: claim it (RUNNING under a lease) and
+        return EXECUTE. SUCCEEDED / FAILED_FINAL: return the stored outcome. RUNNING under a
+        live lease: IN_PROGRESS. RUNNING with an expired lease: it becomes UNKNOWN. UNKNOWN:
+        no retry. Other parameters or another action type under the key raise
+        :class:`OperationConflictError`, never the old result.
+        """
+        check_tenant(tenant)
+        check_key(key)
+        _check_text("action_type", action_type, 128)
+        digest = params_hash(params)
+        lease_ms = _positive_ms("lease_ms", lease_ms if lease_ms is not None else self.lease_ms)
+        holder = _check_text("holder", holder or new_holder(), 64)
+        for _ in range(_MAX_RACES):
+            op, now = await self._load(session, tenant, key)
+            if op is None:
+                created = await self._insert(
+                    session, tenant, key, action_type, digest, lease_ms, holder
+                )
+                if created is not None:
+                    return _execute(created)
+                continue
+            if op.state in REPLACEABLE and op.expires_ms <= now:
+                op = await self._replace(session, op, action_type, digest, holder)
+                if op is None:
+                    continue
+            elif op.params_hash != digest or op.action_type != action_type:
+                metrics.CONFLICTS.inc()
+                raise OperationConflictError(
+                    f"operation {key!r} of tenant {tenant!r} exists with other parameters or "
+                    "another action type; a retry must send exactly the same request"
+                )
+            if op.state is State.PENDING:
+                claimed = await self._claim(session, op, lease_ms, holder)
+                if claimed is not None:
+                    return _execute(claimed)
+                continue
+            if op.state is State.RUNNING:
+                if op.lease_expires_ms is not None and op.lease_expires_ms <= now:
+                    unknown = await self._expire_lease(session, op, holder)
+                    if unknown is None:
+                        continue
+                    return Decision(DecisionKind.UNKNOWN, unknown)
+                return Decision(DecisionKind.IN_PROGRESS, op)
+            return Decision(_FINISHED_DECISION[op.state], op)
+        raise ActionError(f"begin of {key!r} kept losing races; try again")
+
+    async def _insert(
+        self,
+        session: AsyncSession,
+        tenant: str,
+        key: str,
+        action_type: str,
+        digest: str,
+        lease_ms: int,
+        holder: str,
+    ) -> OperationRecord | None:
+        check_transition(None, State.PENDING)
+        check_transition(State.PENDING, State.RUNNING)
+        dialect = _dialect(session)
+        now = db_now_ms(dialect)
+        statement: Insert = (
+            dialect_insert(dialect)(ops)
+            .values(
+                tenant=tenant,
+                op_key=key,
+                generation=1,
+                action_type=action_type,
+                params_hash=digest,
+                state=State.RUNNING.value,
+                attempts=1,
+                lease_holder=holder,
+                lease_expires_ms=now + lease_ms,
+                needs_attention=False,
+                created_ms=now,
+                updated_ms=now,
+                expires_ms=now + self.ttl_ms,
+            )
+            .on_conflict_do_nothing(index_elements=["tenant", "op_key"])
+            .returning(*ops.c)
+        )
+        row = (await session.execute(statement)).mappings().first()
+        if row is None:
+            return None  # someone else inserted it first; the caller re-reads
+        created = OperationRecord.from_row(row)
+        await self._record(
+            session, created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"
+        )
+        await self._record(
+            session,
+            created,
+            State.PENDING,
+            State.RUNNING,
+            1,
+            events.STARTED,
+            holder,
+            f"claimed for attempt 1 with a lease of {lease_ms} ms",
+        )
+        return created
+
+    async def _replace(
+        self,
+        session: AsyncSession,
+        op: OperationRecord,
+        action_type: str,
+        digest: str,
+        holder: str,
+    ) -> OperationRecord | None:
+        now = db_now_ms(_dialect(session))
+        return await self._transition(
+            session,
+            op,
+            State.PENDING,
+            event_type=events.REQUESTED,
+            actor=holder,
+            reason=(
+                f"generation {op.generation} expired at {op.expires_ms} in state {op.state}; "
+                f"replaced by generation {op.generation + 1}"
+            ),
+            values={
+                "generation": op.generation + 1,
+                "action_type": action_type,
+                "params_hash": digest,
+                "attempts": 0,
+                "lease_holder": None,
+                "lease_expires_ms": None,
+                "result": None,
+                "external_ref": None,
+                "last_error": None,
+                "needs_attention": False,
+                "created_ms": now,
+            },
+            where=[ops.c.expires_ms <= now],
+            detail={"replaced": op.to_json()},
+            new_generation=True,
+        )
+
+    async def _claim(
+        self, session: AsyncSession, op: OperationRecord, lease_ms: int, holder: str
+    ) -> OperationRecord | None:
+        now = db_now_ms(_dialect(session))
+        return await self._transition(
+            session,
+            op,
+            State.RUNNING,
+            event_type=events.STARTED,
+            actor=holder,
+            reason=f"claimed for attempt {op.attempts + 1} with a lease of {lease_ms} ms",
+            values={
+                "attempts": op.attempts + 1,
+                "lease_holder": holder,
+                "lease_expires_ms": now + lease_ms,
+                "needs_attention": False,
+            },
+        )
+
+    async def _expire_lease(
+        self, session: AsyncSession, op: OperationRecord, actor: str
+    ) -> OperationRecord | None:
+        now = db_now_ms(_dialect(session))
+        return await self._transition(
+            session,
+            op,
+            State.UNKNOWN,
+            event_type=events.UNKNOWN,
+            actor=actor,
+            reason=(
+                f"lease of {op.lease_holder} expired at {op.lease_expires_ms} without an answer; "
+                "the side effect may have happened"
+            ),
+            values={"last_error": "lease expired without an answer"},
+            where=[ops.c.lease_expires_ms <= now],
+        )
+
+    # -- finishing (fenced by the lease) -----------------------------------------------------
+
+    async def complete(
+        self,
+        session: AsyncSession,
+        lease: Lease,
+        *,
+        result: Any = None,
+        external_ref: str | None = None,
+    ) -> OperationRecord:
+        """Record success with its JSON ``result`` and the external system's reference.
+
+        Accepted from RUNNING, and from UNKNOWN when the lease expired but this holder still
+        learned the outcome. Repeating it is a no-op; a stale lease raises
+        :class:`StaleLeaseError`.
+        """
+        stored = None if result is None else canonical_json(result)
+        if external_ref is not None:
+            _check_text("external_ref", external_ref, 256)
+        return await self._finish(
+            session,
+            lease,
+            State.SUCCEEDED,
+            events.SUCCEEDED,
+            "completed",
+            {
+                "result": stored,
+                "external_ref": external_ref,
+                "last_error": None,
+                "needs_attention": False,
+            },
+        )
+
+    async def fail(
+        self, session: AsyncSession, lease: Lease, error: str, *, final: bool
+    ) -> OperationRecord:
+        """Record a failure: ``final`` ends in FAILED_FINAL, otherwise back to PENDING.
+
+        A transient failure must mean the side effect certainly did not happen; its attempt
+        stays counted and a later begin may claim the operation again.
+        """
+        error = _check_text("error", error, 2000, truncate=True)
+        target = State.FAILED_FINAL if final else State.PENDING
+        reason = f"failed: {error}" if final else f"failed transiently: {error}"
+        return await self._finish(
+            session,
+            lease,
+            target,
+            events.FAILED,
+            reason,
+            {"last_error": error, "needs_attention": False},
+        )
+
+    async def mark_unknown(
+        self, session: AsyncSession, lease: Lease, reason: str
+    ) -> OperationRecord:
+        """Record that the outcome is unknown (e.g. a timeout after a possible commit)."""
+        reason = _check_text("reason", reason, 2000, truncate=True)
+        return await self._finish(
+            session, lease, State.UNKNOWN, events.UNKNOWN, reason, {"last_error": reason}
+        )
+
+    async def _finish(
+        self,
+        session: AsyncSession,
+        lease: Lease,
+        target: State,
+        event_type: str,
+        reason: str,
+        values: dict[str, Any],
+    ) -> OperationRecord:
+        for _ in range(_MAX_RACES):
+            op, _now = await self._load(session, lease.tenant, lease.key)
+            if (
+                op is None
+                or op.generation != lease.generation
+                or op.attempts != lease.attempt
+                or op.lease_holder != lease.holder
+            ):
+                raise StaleLeaseError(
+                    f"lease on {lease.key!r} attempt {lease.attempt} no longer owns the operation"
+                )
+            if op.state is target:
+                return op  # a repeated call, e.g. after a lost database reply
+            sources = (
+                (State.RUNNING,) if target is State.UNKNOWN else (State.RUNNING, State.UNKNOWN)
+            )
+            if op.state not in sources:
+                raise StaleLeaseError(
+                    f"operation {lease.key!r} is {op.state}; it cannot become {target} "
+                    "through this lease"
+                )
+            late = "" if op.state is State.RUNNING else " (after its lease expired)"
+            done = await self._transition(
+                session,
+                op,
+                target,
+                event_type=event_type,
+                actor=lease.holder,
+                reason=reason + late,
+                values={**values, "lease_expires_ms": None},
+            )
+            if done is not None:
+                return done
+        raise StaleLeaseError(f"operation {lease.key!r} kept changing under this lease")
+
+    # -- reconciliation and manual resolution ------------------------------------------------
+
+    async def reconcile(
+        self,
+        session: AsyncSession,
+        operation: OperationRecord,
+        outcome: ReconcileOutcome,
+        *,
+        actor: str = "reconciler",
+    ) -> OperationRecord:
+        """Apply a reconciler's answer to an UNKNOWN operation as read in ``operation``.
+
+        Found: SUCCEEDED with its result. Absent: PENDING (safe to retry). Unclear: stays
+        UNKNOWN with ``needs_attention`` set (once). If the operation changed since it was read
+        (resolved, replaced), nothing is written and the current record is returned.
+        """
+        actor = _check_text("actor", actor, 128)
+        op, now = await self._load(session, operation.tenant, operation.key)
+        if op is None or (op.generation, op.attempts) != (operation.generation, operation.attempts):
+            return op if op is not None else operation
+        if op.state is State.RUNNING and op.lease_expires_ms is not None:
+            if op.lease_expires_ms > now:
+                return op
+            op = await self._expire_lease(session, op, actor)
+            if op is None:
+                return operation
+        if op.state is not State.UNKNOWN:
+            return op
+        if isinstance(outcome, Found):
+            stored = None if outcome.result is None else canonical_json(outcome.result)
+            if outcome.external_ref is not None:
+                _check_text("external_ref", outcome.external_ref, 256)
+            changed = await self._transition(
+                session,
+                op,
+                State.SUCCEEDED,
+                event_type=events.RECONCILED,
+                actor=actor,
+                reason="reconciled: found in the external system",
+                values={
+                    "result": stored,
+                    "external_ref": outcome.external_ref,
+                    "last_error": None,
+                    "needs_attention": False,
+                    "lease_expires_ms": None,
+                },
+                detail={"outcome": "found"},
+            )
+        elif isinstance(outcome, Absent):
+            changed = await self._transition(
+                session,
+                op,
+                State.PENDING,
+                event_type=events.RECONCILED,
+                actor=actor,
+                reason=f"reconciled: {outcome.reason}",
+                values={"needs_attention": False, "lease_expires_ms": None},
+                detail={"outcome": "absent"},
+            )
+        elif isinstance(outcome, Unclear):
+            if op.needs_attention:
+                return op
+            reason = _check_text("reason", outcome.reason or "unclear", 2000, truncate=True)
+            changed = await self._transition(
+                session,
+                op,
+                State.UNKNOWN,
+                event_type=events.FLAGGED,
+                actor=actor,
+                reason=f"reconcile unclear, flagged for a person: {reason}",
+                values={"needs_attention": True, "last_error": reason},
+                detail={"outcome": "unclear"},
+            )
+        else:
+            raise InvalidActionInputError(
+                f"a reconciler returns Found, Absent or Unclear, not {type(outcome).__name__}"
+            )
+        if changed is None:
+            current, _ = await self._load(session, op.tenant, op.key)
+            return current or op
+        return changed
+
+    async def resolve(
+        self,
+        session: AsyncSession,
+        *,
+        tenant: str,
+        key: str,
+        resolution: Resolution,
+        by: str,
+        reason: str,
+        result: Any = None,
+        external_ref: str | None = None,
+    ) -> OperationRecord:
+        """An operator's decision, audited with ``by`` and ``reason``.
+
+        From UNKNOWN: SUCCEEDED (with ``result``), FAILED (FAILED_FINAL) or RETRY (PENDING: the
+        next begin executes again; safe only if the downstream honours the Idempotency-Key or
+        the action is known not to have happened). From PENDING: FAILED only. A RUNNING
+        operation under a live lease cannot be resolved.
+        """
+        check_tenant(tenant)
+        check_key(key)
+        by = _check_text("by", by, 128)
+        reason = _check_text("reason", reason, 2000)
+        resolution = Resolution(resolution)
+        stored = None if result is None else canonical_json(result)
+        if result is not None and resolution is not Resolution.SUCCEEDED:
+            raise InvalidActionInputError("a result can only be given with 'succeeded'")
+        if external_ref is not None:
+            _check_text("external_ref", external_ref, 256)
+        op, now = await self._load(session, tenant, key)
+        if op is None:
+            raise OperationNotFoundError(f"no operation {key!r} for tenant {tenant!r}")
+        if op.state is State.RUNNING:
+            if op.lease_expires_ms is not None and op.lease_expires_ms > now:
+                raise IllegalTransitionError(
+                    f"operation {key!r} is RUNNING under the live lease of {op.lease_holder}; "
+                    "wait for it to finish or for the lease to expire"
+                )
+            op = await self._expire_lease(session, op, by)
+            if op is None:
+                raise IllegalTransitionError(f"operation {key!r} changed concurrently; retry")
+        target = _RESOLUTION_TARGET[resolution]
+        check_transition(op.state, target)
+        values: dict[str, Any] = {"needs_attention": False, "lease_expires_ms": None}
+        if resolution is Resolution.SUCCEEDED:
+            values.update(result=stored, external_ref=external_ref, last_error=None)
+        elif resolution is Resolution.FAILED:
+            values["last_error"] = f"resolved as failed by {by}: {reason}"
+        event_type = events.RECONCILED if op.state is State.UNKNOWN else events.FAILED
+        changed = await self._transition(
+            session,
+            op,
+            target,
+            event_type=event_type,
+            actor=by,
+            reason=f"resolved by hand ({resolution}): {reason}",
+            values=values,
+            detail={"outcome": "manual", "resolution": resolution.value},
+        )
+        if changed is None:
+            raise IllegalTransitionError(f"operation {key!r} changed concurrently; retry")
+        return changed
+
+    async def sweep_expired_leases(
+        self, session: AsyncSession, *, limit: int = 100, actor: str = "lease-sweeper"
+    ) -> list[OperationRecord]:
+        """Turn RUNNING operations whose lease expired (database clock) into UNKNOWN."""
+        now = db_now_ms(_dialect(session))
+        rows = (
+            await session.execute(
+                select(ops)
+                .where(ops.c.state == State.RUNNING.value, ops.c.lease_expires_ms <= now)
+                .order_by(ops.c.lease_expires_ms)
+                .limit(limit)
+            )
+        ).mappings()
+        swept = []
+        for row in list(rows):
+            unknown = await self._expire_lease(session, OperationRecord.from_row(row), actor)
+            if unknown is not None:
+                swept.append(unknown)
+        return swept
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def get(self, session: AsyncSession, tenant: str, key: str) -> OperationRecord | None:
+        """The operation ``key`` of ``tenant``, or ``None``; never another tenant's."""
+        op, _ = await self._load(session, check_tenant(tenant), check_key(key))
+        return op
+
+    async def history(self, session: AsyncSession, tenant: str, key: str) -> list[AuditEntry]:
+        """The audit trail of ``key`` of ``tenant`` (all generations), oldest first."""
+        rows = await session.execute(
+            select(audit)
+            .where(audit.c.tenant == check_tenant(tenant), audit.c.op_key == check_key(key))
+            .order_by(audit.c.id)
+        )
+        return [AuditEntry.from_row(row) for row in rows.mappings()]
+
+    async def list_operations(
+        self,
+        session: AsyncSession,
+        *,
+        tenant: str | None = None,
+        state: State | None = None,
+        older_than_ms: int | None = None,
+        needs_attention: bool | None = None,
+        limit: int = 100,
+    ) -> list[OperationRecord]:
+        """Operations filtered by tenant, state, age of the last state change and flag."""
+        now = db_now_ms(_dialect(session))
+        query = select(ops).order_by(ops.c.updated_ms, ops.c.id).limit(limit)
+        if tenant is not None:
+            query = query.where(ops.c.tenant == check_tenant(tenant))
+        if state is not None:
+            query = query.where(ops.c.state == State(state).value)
+        if older_than_ms is not None:
+            query = query.where(ops.c.updated_ms <= now - older_than_ms)
+        if needs_attention is not None:
+            query = query.where(ops.c.needs_attention == needs_attention)
+        rows = await session.execute(query)
+        return [OperationRecord.from_row(row) for row in rows.mappings()]
+
+    async def _load(
+        self, session: AsyncSession, tenant: str, key: str
+    ) -> tuple[OperationRecord | None, int]:
+        now = db_now_ms(_dialect(session)).label("now_ms")
+        row = (
+            (
+                await session.execute(
+                    select(ops, now).where(ops.c.tenant == tenant, ops.c.op_key == key)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None, 0
+        return OperationRecord.from_row(row), row["now_ms"]
+
+    # -- the one place a state changes -----------------------------------------------------
+
+    async def _transition(
+        self,
+        session: AsyncSession,
+        op: OperationRecord,
+        target: State,
+        *,
+        event_type: str,
+        actor: str,
+        reason: str,
+        values: dict[str, Any] | None = None,
+        where: list[ColumnElement[bool]] | None = None,
+        detail: Any = None,
+        new_generation: bool = False,
+    ) -> OperationRecord | None:
+        """Compare-and-set ``op`` (as read) to ``target``; audit and emit; ``None`` if lost."""
+        check_transition(op.state, target, new_generation=new_generation)
+        now = db_now_ms(_dialect(session))
+        changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self.ttl_ms}
+        if target is not op.state or new_generation:
+            changes["updated_ms"] = now  # updated_ms is the time of the last state change
+        changes.update(values or {})
+        statement = (
+            update(ops)
+            .where(
+                ops.c.id == op.id,
+                ops.c.state == op.state.value,
+                ops.c.generation == op.generation,
+                ops.c.attempts == op.attempts,
+                *(where or []),
+            )
+            .values(changes)
+            .returning(*ops.c)
+        )
+        row = (await session.execute(statement)).mappings().first()
+        if row is None:
+            return None
+        changed = OperationRecord.from_row(row)
+        await self._record(
+            session, changed, op.state, target, changed.attempts, event_type, actor, reason, detail
+        )
+        if op.state in (State.RUNNING, State.UNKNOWN) and target is not op.state:
+            spent_s = max(0, changed.updated_ms - op.updated_ms) / 1000
+            metrics.STATE_SECONDS.labels(op.state.value).observe(spent_s)
+        return changed
+
+    async def _record(
+        self,
+        session: AsyncSession,
+        op: OperationRecord,
+        from_state: State | None,
+        to: State,
+        attempt: int,
+        event_type: str,
+        actor: str,
+        reason: str,
+        detail: Any = None,
+    ) -> None:
+        await session.execute(
+            insert(audit).values(
+                tenant=op.tenant,
+                op_key=op.key,
+                generation=op.generation,
+                attempt=attempt,
+                from_state=from_state.value if from_state else None,
+                to_state=to.value,
+                at_ms=db_now_ms(_dialect(session)),
+                actor=actor[:128],
+                reason=reason,
+                detail=None if detail is None else canonical_json(detail),
+            )
+        )
+        event = events.transition_event(
+            source=self.source,
+            event_type=event_type,
+            operation=op,
+            attempt=attempt,
+            from_state=from_state,
+            to=to,
+            actor=actor,
+            reason=reason,
+        )
+        await self.outbox.add_async(session, event)
+        _count_transition(from_state, to, detail)
+
+
+_FINISHED_DECISION = {
+    State.SUCCEEDED: DecisionKind.SUCCEEDED,
+    State.FAILED_FINAL: DecisionKind.FAILED,
+    State.UNKNOWN: DecisionKind.UNKNOWN,
+}
+
+
+def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
+    metrics.TRANSITIONS.labels(from_state.value if from_state else "NEW", to.value).inc()
+    if isinstance(detail, dict) and detail.get("outcome") in ("found", "absent", "unclear"):
+        metrics.RECONCILIATIONS.labels(detail["outcome"]).inc()
+    if isinstance(detail, dict) and detail.get("outcome") == "manual":
+        metrics.RESOLUTIONS.labels(detail.get("resolution", "?")).inc()
+
+
+def _execute(op: OperationRecord) -> Decision:
+    lease = Lease(op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "")
+    return Decision(DecisionKind.EXECUTE, op, lease)
+
+
+def _dialect(session: AsyncSession) -> str:
+    return supported(session.get_bind().dialect.name)
+
+
+def _positive_ms(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidActionInputError(f"{name} must be a positive number of milliseconds")
+    return value
+
+
+def _check_text(name: str, value: str, limit: int, *, truncate: bool = False) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidActionInputError(f"{name} must be a non-empty string")
+    if len(value) > limit:
+        if not truncate:
+            raise InvalidActionInputError(f"{name} is longer than {limit} characters")
+        return value[: limit - 3] + "..."
+    return value

@@ -1,0 +1,252 @@
+"""``outboxkit actions``: list, show and resolve agent operations; sweep and clean up.
+
+Bad input raises :class:`outboxkit.cli.main.CliError`
+(one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import typer
+from outboxkit.actions.cleanup import purge_expired
+from outboxkit.actions.errors import ActionError
+from outboxkit.actions.events import DEFAULT_TOPIC
+from outboxkit.actions.records import OperationRecord, Resolution
+from outboxkit.actions.states import State
+from outboxkit.actions.store import ActionStore
+from outboxkit.cli.errors import CliError
+from outboxkit.cli.options import DbUrlOption, parse_duration_ms, settings_from
+from outboxkit.ops.support import format_age
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.writer import Outbox
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+actions_app = typer.Typer(
+    help="Agent actions: list, show and resolve operations.", no_args_is_help=True
+)
+
+T = TypeVar("T")
+TenantOption = typer.Option(..., "--tenant", help="The operation's tenant.")
+JsonOption = typer.Option(False, "--json", help="Print JSON instead of text.")
+
+
+@actions_app.command("list")
+def list_command(
+    state: str | None = typer.Option(None, "--state", help="PENDING, RUNNING, UNKNOWN, ..."),
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Last state change at least this long ago: 500ms, 30s, 10m."
+    ),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant."),
+    needs_attention: bool = typer.Option(
+        False, "--needs-attention", help="Only operations flagged for a person."
+    ),
+    limit: int = typer.Option(100, "--limit", min=1, max=10_000),
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """List operations, oldest state change first."""
+    chosen_state = parse_state(state) if state is not None else None
+    age_ms = parse_duration_ms(older_than, "--older-than") if older_than is not None else None
+
+    async def query(session: AsyncSession) -> tuple[list[OperationRecord], int]:
+        found = await ActionStore().list_operations(
+            session,
+            tenant=tenant,
+            state=chosen_state,
+            older_than_ms=age_ms,
+            needs_attention=True if needs_attention else None,
+            limit=limit,
+        )
+        return found, await _now(session)
+
+    operations, now = _run(db_url, query)
+    if as_json:
+        typer.echo(json.dumps([op.to_json() for op in operations], indent=2))
+        return
+    if not operations:
+        typer.echo("no operations")
+        return
+    typer.echo(f"{'TENANT':<16} {'KEY':<36} {'STATE':<12} {'TRIES':>5} {'AGE':>9}  FLAG  ACTION")
+    for op in operations:
+        flag = "!" if op.needs_attention else ""
+        age = format_age(now - op.updated_ms)
+        typer.echo(
+            f"{op.tenant:<16} {op.key:<36} {op.state:<12} {op.attempts:>5} {age:>9}  "
+            f"{flag:<4}  {op.action_type}"
+        )
+
+
+@actions_app.command("show")
+def show_command(
+    key: str = typer.Argument(..., help="The operation key."),
+    tenant: str = TenantOption,
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """Show one operation with its audit trail."""
+
+    async def query(session: AsyncSession) -> tuple[OperationRecord | None, list]:
+        store = ActionStore()
+        return await store.get(session, tenant, key), await store.history(session, tenant, key)
+
+    operation, trail = _run(db_url, query)
+    if operation is None and not trail:
+        raise CliError(f"no operation {key!r} for tenant {tenant!r}")
+    if as_json:
+        document = {
+            "operation": operation.to_json() if operation else None,
+            "audit": [entry.to_json() for entry in trail],
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    if operation is None:
+        typer.echo("(the operation was cleaned up; its audit trail remains)")
+    else:
+        for name, value in operation.to_json().items():
+            if name.endswith("_ms") and value is not None:
+                value = f"{value} ({format_time(value)})"
+            elif name == "result":
+                value = json.dumps(value)
+            typer.echo(f"{name + ':':<18} {value}")
+    typer.echo("audit:")
+    for entry in trail:
+        typer.echo(
+            f"  {format_time(entry.at_ms)}  g{entry.generation} a{entry.attempt}  "
+            f"{entry.from_state or '-'} -> {entry.to_state}  by {entry.actor}: {entry.reason}"
+        )
+
+
+@actions_app.command("resolve")
+def resolve_command(
+    key: str = typer.Argument(..., help="The operation key."),
+    tenant: str = TenantOption,
+    succeeded: bool = typer.Option(False, "--succeeded", help="It happened: SUCCEEDED."),
+    failed: bool = typer.Option(False, "--failed", help="It did not and must not: FAILED_FINAL."),
+    retry: bool = typer.Option(
+        False, "--retry", help="It did not happen: PENDING, the next begin runs it again."
+    ),
+    result: str | None = typer.Option(None, "--result", help="JSON result (with --succeeded)."),
+    external_ref: str | None = typer.Option(None, "--external-ref", help="With --succeeded."),
+    by: str = typer.Option(..., "--by", help="Who decides (recorded in the audit trail)."),
+    reason: str = typer.Option(..., "--reason", help="Why (recorded in the audit trail)."),
+    topic: str = typer.Option(
+        DEFAULT_TOPIC, "--topic", envvar="OUTBOXKIT_ACTIONS_TOPIC", help="Topic of its event."
+    ),
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """Resolve an UNKNOWN (or PENDING) operation by hand; audited and published."""
+    chosen = [
+        resolution
+        for flag, resolution in (
+            (succeeded, Resolution.SUCCEEDED),
+            (failed, Resolution.FAILED),
+            (retry, Resolution.RETRY),
+        )
+        if flag
+    ]
+    if len(chosen) != 1:
+        raise CliError("give exactly one of --succeeded, --failed or --retry")
+    if (result is not None or external_ref is not None) and chosen[0] is not Resolution.SUCCEEDED:
+        raise CliError("--result and --external-ref go with --succeeded only")
+    value: Any = None
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except ValueError as error:
+            raise CliError(f"--result is not valid JSON: {error}") from None
+    try:
+        store = ActionStore(Outbox(default_topic=topic))
+    except ValueError as error:
+        raise CliError(str(error)) from None
+
+    async def change(session: AsyncSession) -> OperationRecord:
+        async with session.begin():
+            return await store.resolve(
+                session,
+                tenant=tenant,
+                key=key,
+                resolution=chosen[0],
+                by=by,
+                reason=reason,
+                result=value,
+                external_ref=external_ref,
+            )
+
+    operation = _run(db_url, change)
+    typer.echo(f"{operation.key} ({operation.tenant}): {operation.state}")
+
+
+@actions_app.command("sweep")
+def sweep_command(
+    limit: int = typer.Option(1000, "--limit", min=1),
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """Mark RUNNING operations whose lease expired as UNKNOWN."""
+
+    async def change(session: AsyncSession) -> int:
+        async with session.begin():
+            return len(await ActionStore().sweep_expired_leases(session, limit=limit))
+
+    typer.echo(f"marked unknown: {_run(db_url, change)}")
+
+
+@actions_app.command("cleanup")
+def cleanup_command(
+    chunk_size: int = typer.Option(500, "--chunk-size", min=1, max=100_000),
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """Delete expired SUCCEEDED, FAILED_FINAL and PENDING operations in chunks."""
+    settings = settings_from(db_url)
+
+    async def purge() -> int:
+        engine = make_async_engine(settings.db_url)
+        try:
+            return await purge_expired(
+                async_sessionmaker(engine, expire_on_commit=False), chunk_size=chunk_size
+            )
+        finally:
+            await engine.dispose()
+
+    typer.echo(f"deleted: {asyncio.run(purge())}")
+
+
+def parse_state(text: str) -> State:
+    """A state name, case-insensitive; :class:`CliError` if unknown."""
+    try:
+        return State(text.strip().upper())
+    except ValueError:
+        names = ", ".join(state.value for state in State)
+        raise CliError(f"invalid state {text!r}: use one of {names}") from None
+
+
+def format_time(ms: int) -> str:
+    """Epoch milliseconds as an ISO-8601 UTC time."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+async def _now(session: AsyncSession) -> int:
+    return await session.scalar(select(db_now_ms(session.get_bind().dialect.name)))
+
+
+def _run(db_url: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    settings = settings_from(db_url)
+
+    async def main() -> T:
+        engine = make_async_engine(settings.db_url)
+        try:
+            async with async_sessionmaker(engine, expire_on_commit=False)() as session:
+                return await work(session)
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(main())
+    except ActionError as error:
+        raise CliError(str(error)) from None

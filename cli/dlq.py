@@ -1,0 +1,486 @@
+"""``outboxkit dlq``: list, group, show and replay dead-letter records.
+
+``show`` prints a record's payload on purpose
+(it is an inspection tool); nothing here logs one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import typer
+from outboxkit.cli.errors import CliError
+from outboxkit.cli.options import (
+    BootstrapOption,
+    DbUrlOption,
+    JsonOption,
+    TimeoutOption,
+    parse_time,
+    settings_from,
+)
+from outboxkit.consumers.decoding import STRUCTURED_PREFIX, is_json_content_type
+from outboxkit.ops.dlq.fingerprint import normalise
+from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
+from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
+from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.support import (
+    database_bounded,
+    format_ms,
+    ops_console,
+    ops_engine,
+    os_user,
+    quiet_kafka_logs,
+    require_tables,
+)
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+dlq_app = typer.Typer(
+    help="Dead-letter topics: list, group, show and replay records.", no_args_is_help=True
+)
+
+T = TypeVar("T")
+PROGRESS_MIN_RECORDS = 100
+TopicArgument = typer.Argument(..., help="The dead-letter topic, e.g. orders.dlq.")
+TypeOption = typer.Option(None, "--type", help="CloudEvents type (repeatable: any of them).")
+SourceOption = typer.Option(None, "--source", help="CloudEvents source (repeatable).")
+ErrorClassOption = typer.Option(
+    None,
+    "--error-class",
+    help="permanent:ValidationError, ValidationError, or a category: permanent, exhausted.",
+)
+SinceOption = typer.Option(
+    None, "--since", help="Dead-lettered at or after: ISO-8601 or an age (90s, 15m, 2h, 7d)."
+)
+UntilOption = typer.Option(None, "--until", help="Dead-lettered at or before (as --since).")
+FromOffsetOption = typer.Option(None, "--from-offset", min=0, help="First offset (inclusive).")
+ToOffsetOption = typer.Option(None, "--to-offset", min=0, help="Last offset (inclusive).")
+PartitionsOption = typer.Option(
+    None, "--partition", min=0, help="Only this partition (repeatable)."
+)
+
+
+@dataclass(frozen=True)
+class _Connection:
+    bootstrap: str
+    timeout: float
+
+
+def _filter(
+    types: list[str] | None,
+    sources: list[str] | None,
+    error_classes: list[str] | None,
+    since: str | None,
+    until: str | None,
+    from_offset: int | None,
+    to_offset: int | None,
+    partitions: list[int] | None,
+) -> DlqFilter:
+    now_ms = time.time_ns() // 1_000_000
+    return DlqFilter(
+        types=frozenset(types or ()),
+        sources=frozenset(sources or ()),
+        error_classes=frozenset(error_classes or ()),
+        since_ms=parse_time(since, now_ms, "--since") if since is not None else None,
+        until_ms=parse_time(until, now_ms, "--until") if until is not None else None,
+        from_offset=from_offset,
+        to_offset=to_offset,
+        partitions=frozenset(partitions) if partitions else None,
+    )
+
+
+def _connection(bootstrap: str | None, timeout: float) -> _Connection:
+    return _Connection(settings_from(kafka_bootstrap=bootstrap).kafka_bootstrap, timeout)
+
+
+def _run(connection: _Connection, work: Callable[[DlqReader], Awaitable[T]]) -> T:
+    quiet_kafka_logs()
+
+    async def main() -> T:
+        async with DlqReader(connection.bootstrap, connection.timeout) as reader:
+            return await work(reader)
+
+    return asyncio.run(main())
+
+
+def _cell(value: object) -> Text:
+    return Text("-" if value is None else str(value))
+
+
+@dlq_app.command("list")
+def list_command(
+    topic: str = TopicArgument,
+    types: list[str] | None = TypeOption,
+    sources: list[str] | None = SourceOption,
+    error_classes: list[str] | None = ErrorClassOption,
+    since: str | None = SinceOption,
+    until: str | None = UntilOption,
+    from_offset: int | None = FromOffsetOption,
+    to_offset: int | None = ToOffsetOption,
+    partitions: list[int] | None = PartitionsOption,
+    group: bool = typer.Option(
+        False, "--group", help="Count failures per cause (error class and message pattern)."
+    ),
+    limit: int = typer.Option(1000, "--limit", min=1, help="Records listed at most."),
+    as_json: bool = JsonOption,
+    bootstrap: str | None = BootstrapOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """List dead-letter records, or with --group count them per failure cause."""
+    wanted = _filter(
+        types, sources, error_classes, since, until, from_offset, to_offset, partitions
+    )
+
+    async def collect(reader: DlqReader) -> tuple[int, list[DlqRecord], dict[str, _Group]]:
+        matched, shown, groups = 0, [], {}
+        async for record in reader.read(topic, wanted):
+            matched += 1
+            if group:
+                key = record.fingerprint
+                if key not in groups:
+                    groups[key] = _Group(record)
+                groups[key].add(record)
+            elif len(shown) < limit:
+                shown.append(record)
+        return matched, shown, groups
+
+    matched, shown, groups = _run(_connection(bootstrap, timeout), collect)
+    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.first_ms))
+    if as_json:
+        document: dict[str, Any] = {"topic": topic, "matched": matched}
+        if group:
+            document["groups"] = [g.to_json() for g in ordered]
+        else:
+            document["shown"] = len(shown)
+            document["records"] = [record.to_json() for record in shown]
+        typer.echo(json.dumps(document, indent=2))
+        return
+    console = ops_console()
+    if group:
+        _print_groups(console, topic, matched, ordered)
+    else:
+        _print_records(console, topic, matched, shown)
+
+
+class _Group:
+    """Dead letters of one failure cause."""
+
+    def __init__(self, example: DlqRecord) -> None:
+        self.error_class = example.error_class
+        self.pattern = normalise(example.error_message)
+        self.fingerprint = example.fingerprint_id
+        self.example = example
+        self.count = 0
+        self.first_ms = example.timestamp
+        self.last_ms = example.timestamp
+        self.original_topics: set[str] = set()
+
+    def add(self, record: DlqRecord) -> None:
+        self.count += 1
+        self.first_ms = min(self.first_ms, record.timestamp)
+        self.last_ms = max(self.last_ms, record.timestamp)
+        if record.original_topic:
+            self.original_topics.add(record.original_topic)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "error_class": self.error_class,
+            "pattern": self.pattern,
+            "count": self.count,
+            "first_ms": self.first_ms,
+            "last_ms": self.last_ms,
+            "original_topics": sorted(self.original_topics),
+            "example": {"partition": self.example.partition, "offset": self.example.offset},
+        }
+
+
+def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRecord]) -> None:
+    if not matched:
+        console.print(f"{topic}: no matching dead-letter records")
+        return
+    table = Table(title=Text(f"{topic}: {matched} matching dead-letter record(s)"))
+    for name in ("P", "OFFSET", "TIME", "TYPE", "SOURCE", "ID", "ERROR CLASS", "ATTEMPTS"):
+        table.add_column(name, justify="right" if name in ("P", "OFFSET", "ATTEMPTS") else "left")
+    for record in shown:
+        table.add_row(
+            *map(
+                _cell,
+                (
+                    record.partition,
+                    record.offset,
+                    format_ms(record.timestamp),
+                    record.type,
+                    record.source,
+                    record.id,
+                    record.error_class,
+                    record.attempts,
+                ),
+            )
+        )
+    console.print(table)
+    if len(shown) < matched:
+        console.print(f"showing the first {len(shown)} of {matched} (--limit)")
+
+
+def _print_groups(console: Console, topic: str, matched: int, groups: list[_Group]) -> None:
+    if not matched:
+        console.print(f"{topic}: no matching dead-letter records")
+        return
+    table = Table(title=Text(f"{topic}: {matched} record(s), {len(groups)} cause(s)"))
+    for name in ("COUNT", "ERROR CLASS", "MESSAGE PATTERN", "FIRST", "LAST", "EXAMPLE", "ID"):
+        table.add_column(name, justify="right" if name == "COUNT" else "left")
+    for entry in groups:
+        table.add_row(
+            *map(
+                _cell,
+                (
+                    entry.count,
+                    entry.error_class,
+                    entry.pattern,
+                    format_ms(entry.first_ms),
+                    format_ms(entry.last_ms),
+                    f"{entry.example.partition}@{entry.example.offset}",
+                    entry.fingerprint,
+                ),
+            )
+        )
+    console.print(table)
+
+
+@dlq_app.command("show")
+def show_command(
+    topic: str = TopicArgument,
+    offset: int = typer.Argument(..., min=0, help="The record's offset."),
+    partition: int = typer.Option(0, "--partition", min=0, help="The record's partition."),
+    max_bytes: int = typer.Option(
+        4096, "--max-bytes", min=16, help="Show at most this many bytes of the data."
+    ),
+    as_json: bool = JsonOption,
+    bootstrap: str | None = BootstrapOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """Show one dead-letter record: headers decoded, data pretty-printed (capped)."""
+    record = _run(
+        _connection(bootstrap, timeout), lambda reader: reader.fetch(topic, partition, offset)
+    )
+    content_type = _header_text(record, "content-type")
+    data, truncated = render_data(record.value, content_type, max_bytes)
+    size = len(record.value or b"")
+    if as_json:
+        document = {
+            **record.to_json(),
+            "headers": [{"name": n, "value": _header_value(v)} for n, v in record.headers],
+            "key": _header_value(record.key),
+            "content_type": content_type,
+            "data": data,
+            "data_truncated": truncated,
+        }
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        return
+    typer.echo(f"{topic}[{record.partition}]@{record.offset}  {format_ms(record.timestamp)}")
+    typer.echo(f"error: {record.error_class or '-'}: {record.error_message or '-'}")
+    typer.echo("headers:")
+    for name, value in record.headers:
+        text = _header_value(value)
+        if name.startswith("outboxkit-") and (name.endswith("-ms") or name.endswith("timestamp")):
+            text = f"{text} ({format_ms(_int_or_none(value))})"
+        typer.echo(f"  {name}: {text}")
+    typer.echo(f"key: {'(none)' if record.key is None else _header_value(record.key)}")
+    typer.echo(f"data ({size} bytes, {content_type or 'no content-type'}):")
+    typer.echo(data)
+    if truncated:
+        typer.echo(f"... truncated: {max_bytes} of the rendering shown (--max-bytes)")
+
+
+def _header_text(record: DlqRecord, name: str) -> str | None:
+    for header, value in record.headers:
+        if header.lower() == name:
+            return (value or b"").decode("utf-8", "replace")
+    return None
+
+
+def _header_value(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + value[:64].hex() + ("..." if len(value) > 64 else "")
+
+
+def _int_or_none(value: bytes | None) -> int | None:
+    try:
+        return int(value or b"")
+    except ValueError:
+        return None
+
+
+def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -> tuple[str, bool]:
+    """The data as pretty JSON, text or a hex dump, cut to ``max_bytes``; and whether it was cut."""
+    if value is None:
+        return "(no value)", False
+    if not value:
+        return "(empty)", False
+    structured = (content_type or "").strip().lower().startswith(STRUCTURED_PREFIX)
+    text: str | None = None
+    if structured or is_json_content_type(content_type):
+        try:
+            text = json.dumps(json.loads(value), indent=2, ensure_ascii=False)
+        except (ValueError, UnicodeDecodeError):
+            text = None
+    if text is None:
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return _hex_dump(value, max_bytes)
+        if not all(char.isprintable() or char in "\n\r\t" for char in text):
+            return _hex_dump(value, max_bytes)  # control bytes would garble the terminal
+    encoded = text.encode("utf-8")
+    if len(encoded) <= max_bytes:
+        return text, False
+    return encoded[:max_bytes].decode("utf-8", "ignore"), True
+
+
+def _hex_dump(value: bytes, max_bytes: int) -> tuple[str, bool]:
+    # 16 source bytes make a 76-byte line; cap the source so the dump fits max_bytes.
+    shown = value[: max(16, max_bytes // 76 * 16)]
+    lines = []
+    for start in range(0, len(shown), 16):
+        chunk = shown[start : start + 16]
+        printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{start:08x}  {chunk.hex(' '):<47}  {printable}")
+    return "\n".join(lines), len(shown) < len(value)
+
+
+@dlq_app.command("replay")
+def replay_command(
+    topic: str = TopicArgument,
+    types: list[str] | None = TypeOption,
+    sources: list[str] | None = SourceOption,
+    error_classes: list[str] | None = ErrorClassOption,
+    since: str | None = SinceOption,
+    until: str | None = UntilOption,
+    from_offset: int | None = FromOffsetOption,
+    to_offset: int | None = ToOffsetOption,
+    partitions: list[int] | None = PartitionsOption,
+    to: str | None = typer.Option(
+        None, "--to", help="Replay to this topic instead of each record's original topic."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would go; publish nothing."),
+    rate: float | None = typer.Option(None, "--rate", help="At most this many records per second."),
+    force: bool = typer.Option(False, "--force", help="Republish records replayed before."),
+    by: str | None = typer.Option(None, "--by", help="Who replays (default: the OS user)."),
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+    bootstrap: str | None = BootstrapOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """Republish the original records (key, value, CloudEvents headers) once each."""
+    wanted = _filter(
+        types, sources, error_classes, since, until, from_offset, to_offset, partitions
+    )
+    options = ReplayOptions(by=by or os_user(), target=to, dry_run=dry_run, rate=rate, force=force)
+    settings = settings_from(db_url, bootstrap)
+    connection = _Connection(settings.kafka_bootstrap, timeout)
+    engine = ops_engine(settings.db_url, timeout)
+    progress = _progress(as_json)
+
+    async def replay(reader: DlqReader) -> ReplaySummary:
+        try:
+            async with database_bounded(engine, timeout):
+                await require_tables(engine, [dlq_replays.name])
+                replayer = Replayer(reader, engine)
+                with progress:
+                    return await replayer.run(topic, wanted, options, progress.update)
+        finally:
+            await engine.dispose()
+
+    summary = _run(connection, replay)
+    if as_json:
+        typer.echo(json.dumps(summary.to_json(), indent=2))
+    else:
+        _print_summary(ops_console(), summary)
+    if summary.target_missing:
+        missing = ", ".join(sorted(summary.target_missing))
+        raise CliError(
+            f"{sum(summary.target_missing.values())} record(s) not replayed: topic(s) {missing} "
+            "do not exist (choose one with --to)"
+        )
+
+
+class _ReplayProgress:
+    """A rich progress bar on stderr for long replays in a terminal; silent otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._progress = (
+            Progress(
+                TextColumn("replaying"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[replayed]} replayed"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            if enabled
+            else None
+        )
+        self._task: Any = None
+
+    def __enter__(self) -> _ReplayProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.stop()
+
+    def update(self, covered: int, total: int, replayed: int) -> None:
+        if self._progress is None or total < PROGRESS_MIN_RECORDS:
+            return
+        if self._task is None:
+            self._progress.start()
+            self._task = self._progress.add_task("replay", total=total, replayed=0)
+        self._progress.update(self._task, completed=covered, replayed=replayed)
+
+
+def _progress(as_json: bool) -> _ReplayProgress:
+    return _ReplayProgress(enabled=not as_json and sys.stderr.isatty())
+
+
+def _print_summary(console: Console, summary: ReplaySummary) -> None:
+    if summary.dry_run and summary.items:
+        table = Table(title=Text(f"dry run: {summary.dlq_topic}"))
+        for name in ("P", "OFFSET", "TYPE", "ID", "TARGET", "STATUS"):
+            table.add_column(name, justify="right" if name in ("P", "OFFSET") else "left")
+        for item in summary.items:
+            table.add_row(
+                *map(
+                    _cell,
+                    (item.partition, item.offset, item.type, item.id, item.target, item.status),
+                )
+            )
+        console.print(table)
+        if summary.more_items:
+            console.print(f"... and {summary.more_items} more")
+    verb = "would be replayed" if summary.dry_run else "replayed"
+    console.print(
+        f"{'dry run' if summary.dry_run else f'replay {summary.replay_id}'} by {summary.by}: "
+        f"{summary.matched} matched, {summary.replayed} {verb}, "
+        f"{summary.already_replayed} skipped as already replayed, "
+        f"{summary.no_target} without an original topic"
+    )
+    for target, count in sorted(summary.by_target.items()):
+        console.print(f"  -> {target}: {count}")
+    if summary.dry_run:
+        console.print("nothing was published (--dry-run)")
+    elif summary.already_replayed:
+        console.print("records replayed before were skipped; --force republishes them")

@@ -1,0 +1,123 @@
+"""``outboxkit outbox``: list parked or pending outbox rows, requeue parked ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import typer
+from outboxkit.cli.errors import CliError
+from outboxkit.cli.options import DbUrlOption, JsonOption, TimeoutOption, settings_from
+from outboxkit.ops.outbox_rows import (
+    RequeueRefused,
+    count_rows,
+    list_rows,
+    requeue,
+    requeue_all_parked,
+)
+from outboxkit.ops.support import (
+    database_bounded,
+    format_age,
+    format_ms,
+    ops_console,
+    ops_engine,
+    require_tables,
+)
+from outboxkit.outbox.tables import outbox_events
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+outbox_app = typer.Typer(help="The outbox: parked and pending rows, requeue.", no_args_is_help=True)
+
+T = TypeVar("T")
+ERROR_WIDTH = 80
+IdsArgument = typer.Argument(None, help="Ids of parked rows.")
+
+
+def _run(db_url: str | None, timeout: float, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    settings = settings_from(db_url)
+
+    async def main() -> T:
+        engine = ops_engine(settings.db_url, timeout)
+        try:
+            async with database_bounded(engine, timeout):
+                await require_tables(engine, [outbox_events.name])
+                return await work(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@outbox_app.command("list")
+def list_command(
+    parked: bool = typer.Option(
+        False, "--parked", help="Parked rows (oldest parked first); default: pending rows."
+    ),
+    limit: int = typer.Option(1000, "--limit", min=1, help="Rows listed at most."),
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """List parked rows (--parked) or pending ones, without their payloads."""
+
+    async def query(engine: AsyncEngine) -> tuple[list, int, int]:
+        rows, now = await list_rows(engine, parked=parked, limit=limit)
+        total = len(rows) if len(rows) < limit else await count_rows(engine, parked=parked)
+        return rows, now, total
+
+    rows, now, total = _run(db_url, timeout, query)
+    what = "parked" if parked else "pending"
+    if as_json:
+        document = {what: total, "shown": len(rows), "rows": [row.to_json() for row in rows]}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    console = ops_console()
+    if not rows:
+        console.print(f"no {what} outbox rows")
+        return
+    table = Table(title=Text(f"{total} {what} outbox row(s)"))
+    time_column = "PARKED" if parked else "NEXT ATTEMPT"
+    columns = ("ID", "TYPE", "SOURCE", "EVENT ID", "TOPIC", "ATTEMPTS", time_column, "LAST ERROR")
+    for name in columns:
+        table.add_column(name, justify="right" if name in ("ID", "ATTEMPTS") else "left")
+    for row in rows:
+        if row.parked_ms is not None:
+            moment = f"{format_ms(row.parked_ms)} ({format_age(now - row.parked_ms)} ago)"
+        elif row.available_ms > now:
+            moment = f"in {format_age(row.available_ms - now)}"
+        else:
+            moment = "due"
+        error = row.last_error or "-"
+        if len(error) > ERROR_WIDTH:
+            error = error[: ERROR_WIDTH - 3] + "..."
+        cells = (row.id, row.type, row.source, row.event_id, row.topic, row.attempts, moment, error)
+        table.add_row(*(Text(str(cell)) for cell in cells))
+    console.print(table)
+    if len(rows) < total:
+        console.print(f"showing the first {len(rows)} of {total} (--limit)")
+
+
+@outbox_app.command("requeue")
+def requeue_command(
+    ids: list[int] | None = IdsArgument,
+    all_parked: bool = typer.Option(False, "--all-parked", help="Requeue every parked row."),
+    db_url: str | None = DbUrlOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """Make parked rows pending again (fresh attempts); the relay then publishes them."""
+    if all_parked == bool(ids):
+        raise CliError("give the ids of parked rows, or --all-parked (not both)")
+
+    async def work(engine: AsyncEngine) -> RequeueRefused | int:
+        if all_parked:
+            return await requeue_all_parked(engine)
+        return await requeue(engine, ids or [])
+
+    outcome = _run(db_url, timeout, work)
+    if isinstance(outcome, RequeueRefused):
+        raise CliError(f"nothing requeued: {outcome}")
+    typer.echo(f"requeued {outcome} row(s)")

@@ -1,0 +1,65 @@
+"""``outboxkit relay``: run a relay process until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+from outboxkit.cli.options import settings_from
+from outboxkit.outbox.logs import configure_logging
+from outboxkit.outbox.metrics_server import serve_metrics
+from outboxkit.relay.options import RelayOptions
+from outboxkit.relay.runner import Relay
+
+
+def relay(
+    db_url: str | None = typer.Option(None, "--db-url", help="[env: OUTBOXKIT_DB_URL]"),
+    bootstrap: str | None = typer.Option(
+        None, "--bootstrap", help="Kafka bootstrap servers [env: OUTBOXKIT_KAFKA_BOOTSTRAP]."
+    ),
+    batch_size: int = typer.Option(500, min=1, max=10_000, help="Rows per claim."),
+    lease_ttl: float = typer.Option(30.0, min=1.0, help="Seconds a dead relay blocks its shards."),
+    poll_interval: float = typer.Option(1.0, min=0.01, help="Seconds between polls."),
+    max_attempts: int = typer.Option(10, min=1, help="Failed publishes before a row is parked."),
+    retention: float = typer.Option(
+        7 * 24 * 3600.0, min=0.0, help="Seconds to keep published rows; 0 deletes at once."
+    ),
+    request_timeout_ms: int = typer.Option(10_000, min=1000, help="Kafka request timeout."),
+    max_request_size: int = typer.Option(
+        1024 * 1024, min=1024, help="Largest record in bytes; a larger row fails and is parked."
+    ),
+    drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
+    no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
+    json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+    ),
+) -> None:
+    """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
+    configure_logging(json_lines=json_logs)
+    settings = settings_from(db_url, bootstrap)
+    try:
+        options = RelayOptions(
+            batch_size=batch_size,
+            lease_ttl_s=lease_ttl,
+            poll_interval_s=poll_interval,
+            max_attempts=max_attempts,
+            retention_s=retention,
+            kafka_request_timeout_ms=request_timeout_ms,
+            max_request_size=max_request_size,
+            listen=not no_listen,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    if metrics_port is not None:
+        serve_metrics(metrics_port)
+    asyncio.run(_run(Relay(settings.db_url, settings.kafka_bootstrap, options), drain))
+
+
+async def _run(relay_process: Relay, drain: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await relay_process.run(stop, until_drained=drain)

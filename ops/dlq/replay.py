@@ -1,0 +1,369 @@
+"""Republishing dead-letter records to their original topic, once, with a ledger.
+
+A replayed record is the original: the same key, value and headers, minus the ``outboxkit-*``
+dead-letter headers, so a consumer's inbox recognises an event it had in fact applied. It goes
+to the topic named by ``outboxkit-original-topic`` (or one chosen by the operator).
+
+Idempotence: a record is republished to a topic only if ``dlq_replays`` has no row for
+``(dlq topic, partition, offset, target topic)``, unless forced. The row is written only after
+Kafka acknowledged the record, so a crash between the two republishes at most one chunk again,
+which the consumers' inboxes absorb. Two replays run at the same moment may both publish a
+record: the ledger is a record of what was done, not a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaProducer
+from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord, UnknownTopicError
+from outboxkit.ops.dlq.tables import REPLAYED_BY_MAX, dlq_replays
+from outboxkit.ops.support import OpsError, kafka_bounded
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_insert
+from sqlalchemy import select, tuple_
+from sqlalchemy.ext.asyncio import AsyncEngine
+from uuid6 import uuid7
+
+CHUNK = 200
+MAX_LISTED = 1000
+
+Status = Literal["replayed", "would replay", "already replayed", "no target", "target missing"]
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How to replay: where to, who asks, and how fast.
+
+    ``target``: a topic for every record instead of each one's original topic. ``rate``:
+    records per second at most (``None``: as fast as the broker acknowledges). ``force``:
+    republish records the ledger says were replayed already.
+    """
+
+    by: str
+    target: str | None = None
+    dry_run: bool = False
+    rate: float | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and self.rate <= 0:
+            raise OpsError("--rate must be a positive number of records per second")
+        if not self.by.strip() or len(self.by) > REPLAYED_BY_MAX:
+            raise OpsError(f"--by must have 1 to {REPLAYED_BY_MAX} characters")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayItem:
+    """What happened to one matching dead-letter record."""
+
+    partition: int
+    offset: int
+    type: str | None
+    id: str | None
+    target: str | None
+    status: Status
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready values."""
+        return {
+            "partition": self.partition,
+            "offset": self.offset,
+            "type": self.type,
+            "id": self.id,
+            "target": self.target,
+            "status": self.status,
+        }
+
+
+@dataclass
+class ReplaySummary:
+    """The outcome of one replay run (or dry run)."""
+
+    replay_id: str
+    dlq_topic: str
+    by: str
+    dry_run: bool
+    matched: int = 0
+    replayed: int = 0
+    already_replayed: int = 0
+    no_target: int = 0
+    target_missing: Counter[str] = field(default_factory=Counter)
+    by_target: Counter[str] = field(default_factory=Counter)
+    items: list[ReplayItem] = field(default_factory=list)
+    more_items: int = 0
+
+    def add(self, item: ReplayItem) -> None:
+        """Count ``item`` and keep it for the listing (up to :data:`MAX_LISTED`)."""
+        if item.status in ("replayed", "would replay"):
+            self.replayed += 1
+            self.by_target[item.target or ""] += 1
+        elif item.status == "already replayed":
+            self.already_replayed += 1
+        elif item.status == "no target":
+            self.no_target += 1
+        else:
+            self.target_missing[item.target or ""] += 1
+        if len(self.items) < MAX_LISTED:
+            self.items.append(item)
+        else:
+            self.more_items += 1
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready values."""
+        return {
+            "replay_id": self.replay_id,
+            "dlq_topic": self.dlq_topic,
+            "by": self.by,
+            "dry_run": self.dry_run,
+            "matched": self.matched,
+            "replayed": self.replayed,
+            "skipped_already_replayed": self.already_replayed,
+            "skipped_no_target": self.no_target,
+            "skipped_target_missing": dict(self.target_missing),
+            "by_target": dict(self.by_target),
+            "records": [item.to_json() for item in self.items],
+            "more_records": self.more_items,
+        }
+
+
+class _Pacer:
+    """Spaces sends so that at most ``rate`` go per second."""
+
+    def __init__(self, rate: float | None) -> None:
+        self._interval = 1.0 / rate if rate else 0.0
+        self._next = time.monotonic()
+
+    async def wait(self) -> None:
+        if not self._interval:
+            return
+        now = time.monotonic()
+        if self._next > now:
+            await asyncio.sleep(self._next - now)
+        self._next = max(self._next, now) + self._interval
+
+
+class Replayer:
+    """Replays matching records of a dead-letter topic; see the module docstring."""
+
+    def __init__(
+        self,
+        reader: DlqReader,
+        engine: AsyncEngine,
+        *,
+        producer_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.engine = engine
+        self._producer_options = dict(producer_options or {})
+        self._producer: AIOKafkaProducer | None = None
+
+    async def run(
+        self,
+        dlq_topic: str,
+        wanted: DlqFilter,
+        options: ReplayOptions,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> ReplaySummary:
+        """Replay (or with ``dry_run`` only list) the records of ``dlq_topic`` that match.
+
+        ``progress(offsets covered, offsets to cover, records replayed)`` is called as it goes.
+        """
+        summary = ReplaySummary(str(uuid7()), dlq_topic, options.by, options.dry_run)
+        ranges = await self.reader.plan(dlq_topic, wanted)
+        total = sum(span.size for span in ranges)
+        topics = await self.reader.topics()
+        if options.target is not None and options.target not in topics:
+            raise UnknownTopicError(f"target topic {options.target!r} does not exist")
+        pacer = _Pacer(options.rate)
+        # Rate-limited chunks last about a quarter of a second, so progress and the ledger
+        # follow closely what has been sent.
+        chunk_size = CHUNK if options.rate is None else max(1, min(CHUNK, int(options.rate / 4)))
+        if not options.dry_run:
+            await self._start_producer()
+        try:
+            chunk: list[DlqRecord] = []
+            async for record in self.reader.read(dlq_topic, wanted, ranges):
+                summary.matched += 1
+                chunk.append(record)
+                if len(chunk) >= chunk_size:
+                    await self._chunk(dlq_topic, chunk, options, topics, pacer, summary)
+                    chunk = []
+                if progress is not None:
+                    progress(self.reader.progress, total, summary.replayed)
+            if chunk:
+                await self._chunk(dlq_topic, chunk, options, topics, pacer, summary)
+            if progress is not None:
+                progress(total, total, summary.replayed)
+        finally:
+            await self._stop_producer()
+        return summary
+
+    async def _start_producer(self) -> None:
+        options: dict[str, Any] = {"client_id": "outboxkit-dlq-replay"}
+        options.update(self._producer_options)
+        # Idempotent and acks=all: the ledger row is written only once the broker has it.
+        options.update(
+            enable_idempotence=True,
+            acks="all",
+            request_timeout_ms=max(1000, int(self.reader.timeout * 1000)),
+        )
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.reader.bootstrap, **options)
+        try:
+            async with kafka_bounded(self.reader.bootstrap, self.reader.timeout, "connecting"):
+                await self._producer.start()
+        except BaseException:
+            await self._stop_producer()
+            raise
+
+    async def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    async def _chunk(
+        self,
+        dlq_topic: str,
+        records: Sequence[DlqRecord],
+        options: ReplayOptions,
+        topics: dict[str, list[int]],
+        pacer: _Pacer,
+        summary: ReplaySummary,
+    ) -> None:
+        planned: list[tuple[DlqRecord, str]] = []
+        for record in records:
+            target = options.target or record.original_topic
+            if target is None:
+                summary.add(_item(record, None, "no target"))
+            elif target not in topics:
+                summary.add(_item(record, target, "target missing"))
+            else:
+                planned.append((record, target))
+        done = set() if options.force else await self._replayed(dlq_topic, planned)
+        to_send = []
+        for record, target in planned:
+            if (record.partition, record.offset, target) in done:
+                summary.add(_item(record, target, "already replayed"))
+            elif options.dry_run:
+                summary.add(_item(record, target, "would replay"))
+            else:
+                to_send.append((record, target))
+        if to_send:
+            await self._publish(dlq_topic, to_send, options, pacer, summary)
+
+    async def _replayed(
+        self, dlq_topic: str, planned: Sequence[tuple[DlqRecord, str]]
+    ) -> set[tuple[int, int, str]]:
+        if not planned:
+            return set()
+        columns = dlq_replays.c
+        keys = [(r.partition, r.offset, target) for r, target in planned]
+        query = select(columns.dlq_partition, columns.dlq_offset, columns.target_topic).where(
+            columns.dlq_topic == dlq_topic,
+            tuple_(columns.dlq_partition, columns.dlq_offset, columns.target_topic).in_(keys),
+        )
+        async with self.engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+        return {(row.dlq_partition, row.dlq_offset, row.target_topic) for row in rows}
+
+    async def _publish(
+        self,
+        dlq_topic: str,
+        to_send: Sequence[tuple[DlqRecord, str]],
+        options: ReplayOptions,
+        pacer: _Pacer,
+        summary: ReplaySummary,
+    ) -> None:
+        assert self._producer is not None
+        bootstrap, timeout = self.reader.bootstrap, self.reader.timeout
+        futures: list[asyncio.Future[Any]] = []
+        send_error: OpsError | None = None
+        try:
+            for record, target in to_send:
+                await pacer.wait()
+                async with kafka_bounded(bootstrap, timeout, f"sending to {target}"):
+                    futures.append(
+                        await self._producer.send(
+                            target,
+                            value=record.value,
+                            key=record.key,
+                            headers=record.original_headers(),
+                        )
+                    )
+        except OpsError as error:
+            send_error = error
+        if futures:
+            await asyncio.wait(futures, timeout=timeout)
+        # Only what the broker acknowledged is recorded; anything else stays replayable.
+        acked = [sent for sent, future in zip(to_send, futures, strict=False) if _acked(future)]
+        await self._record(dlq_topic, acked, options, summary.replay_id)
+        for record, target in acked:
+            summary.add(_item(record, target, "replayed"))
+        unacked = len(to_send) - len(acked)
+        if send_error is None and not unacked:
+            return
+        reason = send_error or next(
+            (_reason(future) for future in futures if not _acked(future)), "no acknowledgement"
+        )
+        raise OpsError(
+            f"{unacked} record(s) not replayed ({reason}); {summary.replayed} replayed and "
+            "recorded in dlq_replays; run the same replay again to continue"
+        )
+
+    async def _record(
+        self,
+        dlq_topic: str,
+        acked: Sequence[tuple[DlqRecord, str]],
+        options: ReplayOptions,
+        replay_id: str,
+    ) -> None:
+        if not acked:
+            return
+        dialect = self.engine.dialect.name
+        insert = dialect_insert(dialect)
+        rows = [
+            {
+                "dlq_topic": dlq_topic,
+                "dlq_partition": record.partition,
+                "dlq_offset": record.offset,
+                "target_topic": target,
+                "replayed_ms": db_now_ms(dialect),
+                "replayed_by": options.by,
+                "replay_id": replay_id,
+            }
+            for record, target in acked
+        ]
+        statement = insert(dlq_replays).values(rows)
+        # A forced replay keeps one row per record and target: the latest replay of it.
+        statement = statement.on_conflict_do_update(
+            index_elements=["dlq_topic", "dlq_partition", "dlq_offset", "target_topic"],
+            set_={
+                "replayed_ms": statement.excluded.replayed_ms,
+                "replayed_by": statement.excluded.replayed_by,
+                "replay_id": statement.excluded.replay_id,
+            },
+        )
+        async with self.engine.begin() as connection:
+            await connection.execute(statement)
+
+
+def _acked(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _reason(future: asyncio.Future[Any]) -> str:
+    if not future.done():
+        return "no acknowledgement in time"
+    if future.cancelled():
+        return "cancelled"
+    error = future.exception()
+    return f"{type(error).__name__}: {error}"
+
+
+def _item(record: DlqRecord, target: str | None, status: Status) -> ReplayItem:
+    return ReplayItem(record.partition, record.offset, record.type, record.id, target, status)

@@ -1,0 +1,32 @@
+"""The replay ledger: which dead-letter records were republished, where, when and by whom.
+
+A row is written only after Kafka acknowledged the republished record; the unique key
+``(dlq_topic, dlq_partition, dlq_offset, target_topic)`` makes a second replay of the same
+record to the same topic a no-op unless forced. Created by the migration ``0004_dlq_replays``.
+"""
+
+from __future__ import annotations
+
+from outboxkit.outbox.tables import metadata
+from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, UniqueConstraint
+
+TOPIC_MAX = 249
+REPLAYED_BY_MAX = 128
+
+dlq_replays = Table(
+    "dlq_replays",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    Column("dlq_topic", String(TOPIC_MAX), nullable=False),
+    Column("dlq_partition", Integer, nullable=False),
+    Column("dlq_offset", BigInteger, nullable=False),
+    Column("target_topic", String(TOPIC_MAX), nullable=False),
+    Column("replayed_ms", BigInteger, nullable=False),
+    Column("replayed_by", String(REPLAYED_BY_MAX), nullable=False),
+    Column("replay_id", String(36), nullable=False),
+    UniqueConstraint(
+        "dlq_topic", "dlq_partition", "dlq_offset", "target_topic", name="uq_dlq_replays_record"
+    ),
+)
+
+Index("ix_dlq_replays_replay_id", dlq_replays.c.replay_id)

@@ -1,0 +1,156 @@
+"""Operator actions on the outbox: list parked (or pending) rows and requeue parked ones.
+
+A requeued row is pending again with a fresh attempt budget: ``parked_ms`` cleared,
+``attempts`` 0 and ``available_ms`` now, so the next claim of its shard takes it. Its
+``last_error`` is kept until the relay overwrites it. It is published after the rows of its key
+written since it was parked: parking is where order yields to liveness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.tables import outbox_events
+from sqlalchemy import func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
+PARKED = outbox_events.c.parked_ms.is_not(None)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An unpublished outbox row as an operator sees it (no payload)."""
+
+    id: int
+    type: str
+    source: str
+    event_id: str
+    topic: str
+    attempts: int
+    created_ms: int
+    available_ms: int
+    parked_ms: int | None
+    last_error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready values."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "source": self.source,
+            "event_id": self.event_id,
+            "topic": self.topic,
+            "attempts": self.attempts,
+            "created_ms": self.created_ms,
+            "available_ms": self.available_ms,
+            "parked_ms": self.parked_ms,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True)
+class RequeueRefused:
+    """Ids that cannot be requeued: ``unknown`` (no such row) or ``not_parked``."""
+
+    unknown: tuple[int, ...]
+    not_parked: tuple[int, ...]
+
+    def __str__(self) -> str:
+        parts = []
+        if self.unknown:
+            parts.append(f"no outbox row with id {_ids(self.unknown)}")
+        if self.not_parked:
+            parts.append(f"id {_ids(self.not_parked)} not parked")
+        return "; ".join(parts)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+_COLUMNS = (
+    outbox_events.c.id,
+    outbox_events.c.type,
+    outbox_events.c.source,
+    outbox_events.c.event_id,
+    outbox_events.c.topic,
+    outbox_events.c.attempts,
+    outbox_events.c.created_ms,
+    outbox_events.c.available_ms,
+    outbox_events.c.parked_ms,
+    outbox_events.c.last_error,
+)
+
+
+async def list_rows(
+    engine: AsyncEngine, *, parked: bool, limit: int
+) -> tuple[list[OutboxRow], int]:
+    """Parked rows (oldest parked first) or pending rows (oldest first), and the database time."""
+    where, order = (PARKED, outbox_events.c.parked_ms) if parked else (PENDING, outbox_events.c.id)
+    query = select(*_COLUMNS).where(where).order_by(order, outbox_events.c.id).limit(limit)
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query)).all()
+        now = await _now(connection)
+    return [OutboxRow(*row) for row in rows], now
+
+
+async def count_rows(engine: AsyncEngine, *, parked: bool) -> int:
+    """How many rows are parked (or pending)."""
+    query = select(func.count()).select_from(outbox_events).where(PARKED if parked else PENDING)
+    async with engine.connect() as connection:
+        return int(await connection.scalar(query) or 0)
+
+
+async def requeue(engine: AsyncEngine, ids: Sequence[int]) -> RequeueRefused | int:
+    """Requeue the parked rows ``ids``, all or none; return how many, or what was refused."""
+    wanted = sorted(set(ids))
+    async with engine.begin() as connection:
+        found = {
+            row.id: row.parked_ms
+            for row in await connection.execute(
+                select(outbox_events.c.id, outbox_events.c.parked_ms)
+                .where(outbox_events.c.id.in_(wanted))
+                .with_for_update()
+            )
+        }
+        refused = RequeueRefused(
+            unknown=tuple(i for i in wanted if i not in found),
+            not_parked=tuple(i for i in wanted if i in found and found[i] is None),
+        )
+        if refused.unknown or refused.not_parked:
+            return refused
+        count = await _requeue_where(connection, outbox_events.c.id.in_(wanted))
+    return count
+
+
+async def requeue_all_parked(engine: AsyncEngine) -> int:
+    """Requeue every parked row; return how many."""
+    async with engine.begin() as connection:
+        return await _requeue_where(connection, PARKED)
+
+
+async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:
+    dialect = connection.dialect.name
+    result = await connection.execute(
+        update(outbox_events)
+        .where(condition, PARKED)
+        .values(
+            parked_ms=None,
+            attempts=0,
+            available_ms=db_now_ms(dialect),
+        )
+    )
+    if dialect == "postgresql" and result.rowcount:
+        from outboxkit.relay.notify import CHANNEL
+
+        # The relays' trigger fires on INSERT only; wake them now instead of at their next poll.
+        await connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": CHANNEL})
+    return int(result.rowcount or 0)
+
+
+async def _now(connection: AsyncConnection) -> int:
+    return int(await connection.scalar(select(db_now_ms(connection.dialect.name))))

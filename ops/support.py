@@ -1,0 +1,172 @@
+"""What the operator tools share: bounded Kafka and database access, and output helpers.
+
+Every failure an operator can fix (an unreachable broker or database, a missing table, a bad
+time) becomes an :class:`OpsError`, which ``outboxkit`` prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.errors import OutboxError
+from rich.console import Console
+from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class OpsError(OutboxError):
+    """An operator command cannot do what was asked; the message says why, in one line."""
+
+
+class KafkaUnreachableError(OpsError):
+    """The broker did not answer, or refused the connection, within the time allowed."""
+
+
+class DatabaseUnreachableError(OpsError):
+    """The database did not answer, or refused the connection, within the time allowed."""
+
+
+def quiet_kafka_logs() -> None:
+    """Silence aiokafka's own log lines: a command reports a broker problem once, itself."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@contextlib.asynccontextmanager
+async def kafka_bounded(bootstrap: str, timeout: float, what: str) -> AsyncIterator[None]:
+    """Run the block within ``timeout`` seconds; broker failures become one-line errors."""
+    try:
+        async with asyncio.timeout(timeout):
+            yield
+    except TimeoutError:
+        raise KafkaUnreachableError(
+            f"kafka at {bootstrap} did not answer within {timeout:g} s ({what})"
+        ) from None
+    except KafkaConnectionError as error:
+        raise KafkaUnreachableError(f"kafka at {bootstrap} unreachable ({what}): {error}") from None
+    except KafkaError as error:
+        raise KafkaUnreachableError(f"kafka at {bootstrap} failed ({what}): {error}") from None
+
+
+def ops_engine(db_url: str, timeout: float) -> AsyncEngine:
+    """An async engine whose connection attempts give up after ``timeout`` seconds.
+
+    A SQLite file that does not exist is an error rather than a new empty database.
+    """
+    url = make_url(db_url)
+    backend = url.get_backend_name()
+    connect_args: dict[str, Any] = {}
+    if backend == "sqlite":
+        database = url.database or ""
+        if database and database != ":memory:" and not Path(database).exists():
+            raise DatabaseUnreachableError(f"database file {database} does not exist")
+    elif backend == "postgresql":
+        connect_args["timeout"] = timeout  # asyncpg's connection timeout
+    try:
+        return make_async_engine(db_url, connect_args=connect_args)
+    except ValueError as error:
+        raise OpsError(str(error)) from None
+
+
+@contextlib.asynccontextmanager
+async def database_bounded(engine: AsyncEngine, timeout: float) -> AsyncIterator[None]:
+    """Run the block; an unreachable database or a bounded wait becomes one-line errors."""
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        yield
+    except TimeoutError:
+        raise DatabaseUnreachableError(
+            f"database {where} did not answer within {timeout:g} s"
+        ) from None
+    except DBAPIError as error:
+        reason = str(error.orig or error).strip().splitlines()
+        raise DatabaseUnreachableError(
+            f"database {where} unreachable or refused the request: "
+            f"{reason[0] if reason else type(error).__name__}"
+        ) from None
+    except OSError as error:
+        raise DatabaseUnreachableError(f"database {where} unreachable: {error}") from None
+
+
+async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:
+    """Raise :class:`OpsError` naming the first of ``names`` missing from the database."""
+    async with engine.connect() as connection:
+        present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    for name in names:
+        if name not in present:
+            raise OpsError(f"table {name} is missing: run 'outboxkit migrate' first")
+
+
+def format_ms(epoch_ms: int | None) -> str:
+    """``2026-11-30 09:00:01Z`` for an epoch ms, ``-`` for none."""
+    if epoch_ms is None or epoch_ms < 0:
+        return "-"
+    moment = datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def format_age(ms: int | float | None) -> str:
+    """A short age: ``850ms``, ``42s``, ``7m03s``, ``5h12m``, ``3d04h``."""
+    if ms is None:
+        return "-"
+    ms = max(0, int(ms))
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86_400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86_400}d{seconds % 86_400 // 3600:02d}h"
+
+
+def os_user() -> str:
+    """The operating-system user running the command (``unknown`` if it has no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER") or "unknown"
+
+
+def ranges(numbers: Iterable[int]) -> str:
+    """``0-15,32,40-41`` for a set of integers."""
+    ordered = sorted(set(numbers))
+    parts: list[str] = []
+    start = previous = None
+    for number in ordered:
+        if start is None:
+            start = previous = number
+        elif number == previous + 1:  # type: ignore[operator]
+            previous = number
+        else:
+            parts.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = previous = number
+    if start is not None:
+        parts.append(f"{start}" if start == previous else f"{start}-{previous}")
+    return ",".join(parts) or "-"
+
+
+def ops_console() -> Console:
+    """A rich console for tables: no markup (cells hold operator data), wide when piped."""
+    return Console(
+        highlight=False,
+        markup=False,
+        emoji=False,
+        width=None if sys.stdout.isatty() else 200,
+    )

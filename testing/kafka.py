@@ -1,0 +1,308 @@
+"""A real single-node Apache Kafka (KRaft) broker, fetched from Maven Central and run with Java.
+
+There is no Docker engine on every machine, so outboxkit ships this launcher: ``mvn`` copies the
+``org.apache.kafka:kafka_2.13`` broker and a log4j2 binding into a cache folder once, then each
+broker gets a freshly formatted data directory and listens on 127.0.0.1 only. Internal topics use
+replication factor and min ISR 1, so idempotent and transactional producers work on one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from outboxkit.testing.processes import terminate
+
+KAFKA_VERSION = "4.1.2"
+LOG4J_VERSION = "2.24.3"
+READY_TIMEOUT_S = 90.0
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.outboxkit</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+"""
+
+
+class KafkaLauncherError(RuntimeError):
+    """The broker could not be fetched or started; the message says why."""
+
+
+def cache_dir() -> Path:
+    """Return the folder holding the broker jars (``OUTBOXKIT_CACHE`` or ``~/.cache/outboxkit``)."""
+    root = os.environ.get("OUTBOXKIT_CACHE") or Path.home() / ".cache" / "outboxkit"
+    return Path(root) / f"kafka-{KAFKA_VERSION}"
+
+
+def fetch_jars(quiet: bool = True) -> Path:
+    """Fetch the broker jars with ``mvn`` once; return the folder of jars."""
+    libs = cache_dir() / "libs"
+    marker = cache_dir() / ".complete"
+    if marker.exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise KafkaLauncherError("mvn is not installed: it fetches the Kafka jars from Maven")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    pom = cache_dir() / "pom.xml"
+    pom.write_text(_POM.format(kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
+    command = [
+        "mvn",
+        "-B",
+        *(["-q"] if quiet else []),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={libs}",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise KafkaLauncherError(f"mvn failed to fetch Kafka jars:\n{result.stdout[-3000:]}")
+    marker.touch()
+    return libs
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _cluster_id() -> str:
+    while True:
+        cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+class KafkaBroker:
+    """One single-node KRaft broker on 127.0.0.1; ``start`` and ``stop`` may be repeated.
+
+    A restart keeps the data directory and the port, as a real broker restart would.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: Path | None = None,
+        auto_create_topics: bool = True,
+        log_level: str = "WARN",
+    ) -> None:
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="outboxkit-kafka-"))
+        self.auto_create_topics = auto_create_topics
+        self.log_level = log_level
+        self._process: subprocess.Popen[bytes] | None = None
+        self._formatted = False
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap address clients use."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's log file."""
+        return self.data_dir / "server.log"
+
+    def _write_config(self) -> Path:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        properties = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "num.partitions": "1",
+            "auto.create.topics.enable": str(self.auto_create_topics).lower(),
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.cleaner.dedupe.buffer.size": "1048577",
+        }
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        (self.data_dir / "log4j2.properties").write_text(
+            _LOG4J2.format(log_file=self.log_file, level=self.log_level)
+        )
+        return config
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start the broker and return once it answers a metadata request."""
+        if self._process is not None:
+            raise KafkaLauncherError("broker already running")
+        libs = fetch_jars()
+        if shutil.which("java") is None:
+            raise KafkaLauncherError("java is not installed: Kafka needs Java 17")
+        config = self._write_config()
+        classpath = f"{libs}/*"
+        log_option = f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}"
+        if not self._formatted:
+            result = subprocess.run(
+                [
+                    "java",
+                    log_option,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    _cluster_id(),
+                    "-c",
+                    str(config),
+                    "--ignore-formatted",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise KafkaLauncherError(f"kafka storage format failed: {result.stderr[-2000:]}")
+            self._formatted = True
+        stdout = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - lives with the process
+        self._process = subprocess.Popen(
+            [
+                "java",
+                "-Xms256m",
+                "-Xmx512m",
+                log_option,
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(config),
+            ],
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stdout.close()
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise KafkaLauncherError(
+                    f"broker exited with {self._process.returncode}; see {self.log_file}"
+                )
+            if _metadata_ok_blocking(self.bootstrap):
+                return
+            time.sleep(0.3)
+        self.stop()
+        raise KafkaLauncherError(f"broker not ready after {timeout:.0f}s; see {self.log_file}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker with SIGTERM (SIGKILL after ``timeout``); the data dir stays."""
+        process, self._process = self._process, None
+        if process is not None:
+            terminate(process, timeout)
+
+    def restart(self) -> None:
+        """Stop and start again on the same port with the same data."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and delete its data directory."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _metadata_ok_blocking(bootstrap: str) -> bool:
+    # A thread of its own, so the launcher also works when called from a running event loop.
+    answers: list[bool] = []
+    probe = threading.Thread(target=lambda: answers.append(asyncio.run(_metadata_ok(bootstrap))))
+    probe.start()
+    probe.join()
+    return bool(answers and answers[0])
+
+
+@contextmanager
+def broker_from_env(on_start: Callable[[str], None] | None = None) -> Iterator[str]:
+    """Yield ``OUTBOXKIT_KAFKA_BOOTSTRAP`` if set, else start a fresh local broker for the block.
+
+    ``on_start`` is called with the bootstrap address once a broker of our own is ready.
+    """
+    given = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    broker = KafkaBroker()
+    broker.start()
+    if on_start is not None:
+        on_start(broker.bootstrap)
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.close()
+
+
+async def _metadata_ok(bootstrap: str) -> bool:
+    from aiokafka import AIOKafkaClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    try:  # a plain connect first keeps aiokafka from logging every refused attempt
+        with socket.create_connection((host, int(port)), timeout=1):
+            pass
+    except OSError:
+        return False
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    try:
+        await client.bootstrap()
+        return True
+    except Exception:
+        return False
+    finally:
+        await client.close()
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` with ``partitions`` partitions (replication factor 1) up front, so no
+    consumer waits for it to appear in the metadata."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()

@@ -1,0 +1,103 @@
+"""A worker process killed between the side effect and the record update.
+
+The worker is the example agent run as its own process (``python -m examples.refund_agent
+refund``). The provider commits the refund and holds the reply; the test SIGKILLs the worker
+then, so the operation stays RUNNING until its lease expires, becomes UNKNOWN, and is
+reconciled from the provider's records: one refund, recorded as SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from outboxkit.actions import ActionStore, State, reconcile_unknown
+
+from examples.refund_agent.agent import RefundAgent, Ticket
+from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.provider import Fault, PaymentProvider
+from tests.support import REPO
+from tests.support.actions import event_types, in_tx, sessions_for
+from tests.support.kafka import wait_for
+
+T = "acme"
+LEASE_MS = 1500
+
+
+async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url: str) -> None:
+    store = ActionStore()
+    ticket = Ticket(ticket_id="T-cli", charge_id="ch_9", amount_cents=1999)
+    with PaymentProvider() as provider:
+        hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "examples.refund_agent",
+                "--db-url",
+                db_url,
+                "refund",
+                "--provider-url",
+                provider.url,
+                "--tenant",
+                T,
+                "--run-id",
+                "run-7",
+                "--charge-id",
+                ticket.charge_id,
+                "--amount",
+                str(ticket.amount_cents),
+                "--timeout",
+                "60",
+                "--lease-ms",
+                str(LEASE_MS),
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            await wait_for(
+                lambda: hold.reached.is_set() or worker.poll() is not None,
+                bool,
+                60,
+                "the worker's refund to be committed at the provider",
+            )
+            assert worker.poll() is None, worker.stdout.read().decode()
+            worker.send_signal(signal.SIGKILL)
+            assert worker.wait(30) == -signal.SIGKILL
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(30)
+            worker.stdout.close()
+            hold.release()
+        assert provider.refund_count() == 1
+
+        async with sessions_for(db_url) as sessions:
+            agent = RefundAgent(sessions, store, PaymentsClient(provider.url, account=T), tenant=T)
+            key = agent.refund_key("run-7", ticket)
+            crashed = await in_tx(sessions, lambda s: store.get(s, T, key))
+            assert crashed.state is State.RUNNING  # nobody recorded the outcome
+            assert f":{worker.pid}:" in crashed.lease_holder
+
+            # lease expiry (database clock) turns it UNKNOWN, never PENDING
+            swept = await wait_for(
+                lambda: in_tx(sessions, lambda s: store.sweep_expired_leases(s)),
+                lambda found: len(found) == 1,
+                30,
+                "the worker's lease to expire",
+            )
+            assert swept[0].state is State.UNKNOWN
+
+            [reconciled] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            assert reconciled.state is State.SUCCEEDED
+            assert reconciled.result == provider.refunds()[0]
+
+            outcome = await agent.handle("run-7", ticket)  # the agent's retry after restart
+            assert not outcome.executed and outcome.result == reconciled.result
+        assert provider.refund_count() == 1 and provider.replays == 0
+    assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]

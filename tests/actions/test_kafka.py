@@ -1,0 +1,54 @@
+"""Action events go from the outbox to Kafka through the relay, once each, keyed by operation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from outboxkit.actions import ActionOutcomeUnknownError, ActionStore
+from outboxkit.outbox import Outbox
+from outboxkit.relay import Relay, RelayOptions
+
+from examples.refund_agent.agent import RefundAgent, Ticket
+from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.provider import Fault, PaymentProvider
+from tests.support.actions import sessions_for
+from tests.support.kafka import read_topic
+
+FAST = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, poll_interval_s=0.2)
+
+
+async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    store = ActionStore(Outbox(default_topic=topic))
+    ticket = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
+    with PaymentProvider() as provider:
+        async with sessions_for(pg_url) as sessions:
+            payments = PaymentsClient(provider.url, account="acme")
+            agent = RefundAgent(sessions, store, payments, tenant="acme")
+            key = agent.refund_key("run-1", ticket)
+            provider.inject(Fault.DROP_AFTER_COMMIT)
+            with pytest.raises(ActionOutcomeUnknownError):
+                await agent.handle("run-1", ticket)
+            assert not (await agent.handle("run-1", ticket)).executed
+            assert await Relay(pg_url, kafka_bootstrap, FAST).drain(timeout=60) == 4
+
+            for _ in range(2):  # retries after the fact write no second event
+                assert not (await agent.handle("run-1", ticket)).executed
+            assert await Relay(pg_url, kafka_bootstrap, FAST).drain(timeout=60) == 0
+        assert provider.refund_count() == 1
+
+    records = await read_topic(kafka_bootstrap, topic, expected=4)
+    headers = [{k: v.decode() for k, v in record.headers} for record in records]
+    assert [h["ce_type"] for h in headers] == [
+        "outboxkit.action.requested",
+        "outboxkit.action.started",
+        "outboxkit.action.unknown",
+        "outboxkit.action.reconciled",
+    ]
+    assert {record.key for record in records} == {key.encode()}
+    assert len({h["ce_id"] for h in headers}) == 4
+    assert all(h["ce_id"].startswith(f"acme/{key}/g1/a") for h in headers)
+    last = json.loads(records[-1].value)
+    assert (last["from"], last["to"], last["external_ref"]) == ("UNKNOWN", "SUCCEEDED", "re_000001")

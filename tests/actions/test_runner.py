@@ -1,0 +1,326 @@
+"""run_action and the refund agent against a real HTTP payment provider, SQLite and PostgreSQL.
+
+Every test asserts the provider's own count of refunds and the events written to the outbox
+(rows of ``outbox_events``; ``test_actions_kafka.py`` follows them into Kafka).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from outboxkit.actions import (
+    ActionFailedError,
+    ActionOutcomeUnknownError,
+    ActionStore,
+    OperationConflictError,
+    Resolution,
+    RetryPolicy,
+    State,
+    TransientError,
+    reconcile_unknown,
+    run_action,
+)
+from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.clock import db_now_ms
+from sqlalchemy import select
+
+from examples.refund_agent.agent import RefundAgent, Ticket
+from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.provider import Fault, PaymentProvider
+from tests.support.actions import event_types, in_tx, sessions_for
+from tests.support.kafka import wait_for
+
+T = "acme"
+TICKET = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
+FAST = RetryPolicy(
+    max_attempts=3,
+    backoff=Backoff(base_s=0.01, cap_s=0.05),
+    poll=Backoff(base_s=0.01, cap_s=0.1, floor_s=0.01),
+)
+
+
+def agent_for(sessions, store, provider, tenant: str = T, **kwargs) -> RefundAgent:
+    payments = PaymentsClient(provider.url, account=tenant, timeout_s=30)
+    return RefundAgent(sessions, store, payments, tenant=tenant, retry=FAST, **kwargs)
+
+
+async def test_lost_reply_after_the_refund_then_retry_makes_one_refund(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider)
+            key = agent.refund_key("run-1", TICKET)
+            provider.inject(Fault.DROP_AFTER_COMMIT)
+            with pytest.raises(ActionOutcomeUnknownError) as raised:
+                await agent.handle("run-1", TICKET)
+            assert raised.value.record.state is State.UNKNOWN
+            assert provider.refund_count() == 1
+
+            retried = await agent.handle("run-1", TICKET)  # the agent retries the step
+            assert retried.operation.state is State.SUCCEEDED and not retried.executed
+            assert retried.result == provider.refunds()[0]
+            assert retried.external_ref == "re_000001"
+
+            again = await agent.handle("run-1", TICKET)
+            assert again.result == retried.result and not again.executed
+        assert provider.refund_count() == 1 and provider.replays == 0
+    assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]
+
+
+async def test_without_a_reconciler_an_unknown_outcome_is_never_retried(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        payments = PaymentsClient(provider.url, account=T)
+        calls = []
+
+        async def refund(key: str):
+            calls.append(key)
+            return await payments.refund(key, charge_id="ch_1", amount_cents=5, currency="EUR")
+
+        request = {"tenant": T, "key": "k-1", "action_type": "refund", "params": {"a": 5}}
+        async with sessions_for(db_url) as sessions:
+            provider.inject(Fault.DROP_AFTER_COMMIT)
+            for _ in range(3):
+                with pytest.raises(ActionOutcomeUnknownError):
+                    await run_action(sessions, store, refund, timeout=10, retry=FAST, **request)
+        assert calls == ["k-1"] and provider.refund_count() == 1
+    assert event_types(db_url, T, "k-1") == ["requested", "started", "unknown"]
+
+
+async def test_timeout_is_unknown_unclear_while_in_flight_then_reconciled(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        hold = provider.inject(Fault.HOLD_BEFORE_COMMIT)
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider, timeout_s=0.5)
+            key = agent.refund_key("run-1", TICKET)
+            with pytest.raises(ActionOutcomeUnknownError):
+                await agent.handle("run-1", TICKET)
+            assert hold.reached.is_set()
+
+            # the request is still in flight at the provider: the reconciler cannot tell
+            [flagged] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            assert flagged.state is State.UNKNOWN and flagged.needs_attention
+
+            hold.release()
+            await wait_for(provider.refund_count, lambda n: n == 1, 10, "the held refund")
+            [done] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            assert done.state is State.SUCCEEDED and not done.needs_attention
+            assert done.result == provider.refunds()[0]
+            assert (await agent.handle("run-1", TICKET)).result == done.result
+        assert provider.refund_count() == 1
+    assert event_types(db_url, T, key) == [
+        "requested",
+        "started",
+        "unknown",
+        "flagged",
+        "reconciled",
+    ]
+
+
+async def test_restart_resumes_an_unknown_operation_proven_absent(db_url: str) -> None:
+    with PaymentProvider() as provider:
+        provider.inject(Fault.DROP_BEFORE_COMMIT)  # connection lost, nothing committed
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, ActionStore(), provider)
+            key = agent.refund_key("run-1", TICKET)
+            with pytest.raises(ActionOutcomeUnknownError):
+                await agent.handle("run-1", TICKET)
+        assert provider.refund_count() == 0
+
+        # a restarted agent: new engine, new store, same workflow run and step
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, ActionStore(), provider)
+            resumed = await agent.handle("run-1", TICKET)
+        assert resumed.executed and resumed.operation.attempts == 2
+        assert provider.refund_count() == 1
+    assert event_types(db_url, T, key) == [
+        "requested",
+        "started",
+        "unknown",
+        "reconciled",
+        "started",
+        "succeeded",
+    ]
+
+
+async def test_same_key_with_other_parameters_is_refused_before_any_call(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider)
+            key = agent.refund_key("run-1", TICKET)
+            await agent.handle("run-1", TICKET)
+
+            async def refund(idempotency_key: str):
+                raise AssertionError("must not be called")
+
+            with pytest.raises(OperationConflictError):
+                await run_action(
+                    sessions,
+                    store,
+                    refund,
+                    tenant=T,
+                    key=key,
+                    action_type="payments.refund",
+                    params={"charge_id": "ch_1", "amount_cents": 1, "currency": "EUR"},
+                    timeout=5,
+                )
+        assert provider.refund_count() == 1
+    assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]
+
+
+async def test_same_key_under_another_tenant_is_another_operation(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        results = {}
+        async with sessions_for(db_url) as sessions:
+            for tenant in ("acme", "globex"):
+                payments = PaymentsClient(provider.url, account=tenant)
+
+                async def refund(key: str, payments=payments):
+                    return await payments.refund(
+                        key, charge_id="ch_1", amount_cents=5, currency="EUR"
+                    )
+
+                outcome = await run_action(
+                    sessions,
+                    store,
+                    refund,
+                    tenant=tenant,
+                    key="shared-key",
+                    action_type="refund",
+                    params={"charge": "ch_1"},
+                    timeout=10,
+                )
+                assert outcome.executed
+                results[tenant] = outcome.result
+            globex_view = await in_tx(sessions, lambda s: store.get(s, "globex", "shared-key"))
+        assert provider.refund_count("acme") == 1 and provider.refund_count("globex") == 1
+    assert results["acme"]["account"] == "acme" and results["globex"]["account"] == "globex"
+    assert globex_view.result == results["globex"] != results["acme"]
+    assert event_types(db_url, "globex", "shared-key") == ["requested", "started", "succeeded"]
+
+
+async def test_transient_failures_retry_with_backoff_until_the_attempts_run_out(
+    db_url: str,
+) -> None:
+    store = ActionStore()
+    calls: list[str] = []
+
+    async def flaky(key: str):
+        calls.append(key)
+        if len(calls) < 3:
+            raise TransientError("503 from provider")
+        return {"ok": len(calls)}
+
+    async def down(key: str):
+        calls.append(key)
+        raise TransientError("connection refused")
+
+    async with sessions_for(db_url) as sessions:
+        request = {"tenant": T, "action_type": "refund", "params": {}, "timeout": 5, "retry": FAST}
+        outcome = await run_action(sessions, store, flaky, key="flaky", **request)
+        assert outcome.result == {"ok": 3} and outcome.operation.attempts == 3
+
+        calls.clear()
+        with pytest.raises(ActionFailedError, match="gave up after 3 attempts"):
+            await run_action(sessions, store, down, key="down", **request)
+        with pytest.raises(ActionFailedError):  # the failure is returned, nothing is called
+            await run_action(sessions, store, down, key="down", **request)
+        assert len(calls) == 3
+    assert event_types(db_url, T, "flaky") == [
+        "requested",
+        "started",
+        "failed",
+        "started",
+        "failed",
+        "started",
+        "succeeded",
+    ]
+    assert event_types(db_url, T, "down")[-1] == "failed"
+
+
+async def test_permanent_failure_is_final_and_returned_later(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        payments = PaymentsClient(provider.url, account=T)
+
+        async def bad_refund(key: str):
+            return await payments.refund(key, charge_id="ch_1", amount_cents=0, currency="EUR")
+
+        async with sessions_for(db_url) as sessions:
+            request = {"tenant": T, "key": "bad", "action_type": "refund", "params": {}}
+            with pytest.raises(ActionFailedError, match="400"):
+                await run_action(sessions, store, bad_refund, timeout=5, **request)
+            with pytest.raises(ActionFailedError, match="400") as raised:
+                await run_action(sessions, store, bad_refund, timeout=5, **request)
+            assert raised.value.record.attempts == 1
+        assert provider.refund_count() == 0
+    assert event_types(db_url, T, "bad") == ["requested", "started", "failed"]
+
+
+async def test_wrong_manual_retry_is_absorbed_by_the_providers_idempotency(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider)
+            key = agent.refund_key("run-1", TICKET)
+            provider.inject(Fault.DROP_AFTER_COMMIT)
+            with pytest.raises(ActionOutcomeUnknownError):
+                await agent.handle("run-1", TICKET)
+            await in_tx(
+                sessions,
+                lambda s: store.resolve(
+                    s,
+                    tenant=T,
+                    key=key,
+                    resolution=Resolution.RETRY,
+                    by="bob",
+                    reason="assumed it failed",
+                ),
+            )
+            again = await agent.handle("run-1", TICKET)  # executes: same Idempotency-Key
+        assert again.executed and again.result == provider.refunds()[0]
+        assert provider.refund_count() == 1 and provider.replays == 1
+    assert event_types(db_url, T, key)[-3:] == ["reconciled", "started", "succeeded"]
+
+
+async def test_after_expiry_the_same_key_runs_again_as_a_new_operation(db_url: str) -> None:
+    store = ActionStore(ttl_ms=1)
+    with PaymentProvider() as provider:
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider)
+            key = agent.refund_key("run-1", TICKET)
+            first = await agent.handle("run-1", TICKET)
+
+            async def db_now() -> int:
+                async with sessions() as session:
+                    dialect = session.get_bind().dialect.name
+                    return await session.scalar(select(db_now_ms(dialect)))
+
+            await wait_for(db_now, lambda now: now > first.operation.expires_ms, 10, "expiry")
+            second = await agent.handle("run-1", TICKET)
+        assert second.executed and second.operation.generation == 2
+        # the provider still remembers the Idempotency-Key: a replay, not a second refund
+        assert provider.refund_count() == 1 and provider.replays == 1
+    assert event_types(db_url, T, key) == ["requested", "started", "succeeded"] * 2
+
+
+async def test_a_cancelled_call_is_recorded_as_unknown(db_url: str) -> None:
+    store = ActionStore()
+    with PaymentProvider() as provider:
+        hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
+        async with sessions_for(db_url) as sessions:
+            agent = agent_for(sessions, store, provider)
+            key = agent.refund_key("run-1", TICKET)
+            task = asyncio.create_task(agent.handle("run-1", TICKET))
+            await wait_for(hold.reached.is_set, bool, 10, "the refund to be committed")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            hold.release()
+            op = await in_tx(sessions, lambda s: store.get(s, T, key))
+        assert op.state is State.UNKNOWN and op.last_error.startswith("cancelled")
+        assert provider.refund_count() == 1

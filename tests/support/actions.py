@@ -1,0 +1,103 @@
+"""Helpers shared by the agent-action tests: sessions, outbox rows, audit rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from outboxkit.actions import ActionStore
+from outboxkit.actions.tables import agent_operation_audit, agent_operations
+from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.outbox.tables import outbox_events
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One outbox row of an action event, decoded."""
+
+    type: str
+    event_id: str
+    key: bytes | None
+    data: dict
+
+
+@asynccontextmanager
+async def sessions_for(url: str, pool_size: int = 5) -> AsyncIterator[async_sessionmaker]:
+    """An async sessionmaker on a fresh engine, disposed afterwards."""
+    kwargs = {"pool_size": pool_size, "max_overflow": 0} if url.startswith("postgresql") else {}
+    engine = make_async_engine(url, **kwargs)
+    try:
+        yield async_sessionmaker(engine, expire_on_commit=False)
+    finally:
+        await engine.dispose()
+
+
+async def begin(sessions: async_sessionmaker, store: ActionStore, **kwargs):
+    """One begin in its own committed transaction."""
+    async with sessions() as session, session.begin():
+        return await store.begin(session, **kwargs)
+
+
+async def in_tx(sessions: async_sessionmaker, work):
+    """Run ``await work(session)`` in its own committed transaction."""
+    session: AsyncSession
+    async with sessions() as session, session.begin():
+        return await work(session)
+
+
+def events_of(url: str, tenant: str, key: str) -> list[EventRow]:
+    """The action events written for ``(tenant, key)``, in write order."""
+    prefix = f"{tenant}/{key}/"
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    outbox_events.c.type,
+                    outbox_events.c.event_id,
+                    outbox_events.c.kafka_key,
+                    outbox_events.c.payload,
+                )
+                .where(outbox_events.c.event_id.startswith(prefix, autoescape=True))
+                .order_by(outbox_events.c.id)
+            ).all()
+    finally:
+        engine.dispose()
+    return [EventRow(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
+
+
+def event_types(url: str, tenant: str, key: str) -> list[str]:
+    """Just the types of :func:`events_of`, without the common prefix."""
+    return [e.type.removeprefix("outboxkit.action.") for e in events_of(url, tenant, key)]
+
+
+def audit_of(url: str, tenant: str, key: str) -> list[tuple[str | None, str]]:
+    """The (from, to) pairs of the audit trail of ``(tenant, key)``."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(agent_operation_audit.c.from_state, agent_operation_audit.c.to_state)
+                .where(
+                    agent_operation_audit.c.tenant == tenant,
+                    agent_operation_audit.c.op_key == key,
+                )
+                .order_by(agent_operation_audit.c.id)
+            ).all()
+    finally:
+        engine.dispose()
+    return [(r[0], r[1]) for r in rows]
+
+
+def count_operations(url: str) -> int:
+    """How many rows ``agent_operations`` holds."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(agent_operations))
+    finally:
+        engine.dispose()

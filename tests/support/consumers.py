@@ -1,0 +1,120 @@
+"""Helpers of the consumer tests: topics, input records, effect counts, a runtime in a task."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from cloudevents.core.v1.event import CloudEvent
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime, RetryPolicy
+from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox.db import make_engine
+from sqlalchemy import func, select
+from sqlalchemy.pool import NullPool
+
+from tests.support.consumer_apps import WIDGET_TYPE, consumer_effects, effects_metadata
+
+Header = tuple[str, bytes | None]
+RawRecord = tuple[bytes | None, bytes | None, Sequence[Header]]  # key, value, headers
+
+# Retries fast enough for tests: three attempts within a fraction of a second.
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_elapsed=30)
+
+
+def widget(n: int) -> CloudEvent:
+    """Widget ``n`` as an event with a deterministic id, all on one partition key."""
+    return new_event(WIDGET_TYPE, "/widgets", {"n": n}, id=f"w-{n}", partitionkey="k")
+
+
+async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    """The group's committed offsets (partitions without one are absent)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+
+
+def binary_record(event: CloudEvent) -> RawRecord:
+    """The Kafka record the relay would publish for ``event`` (binary content mode)."""
+    encoded = encode_binary(event)
+    headers = [(name, value.encode("utf-8")) for name, value in encoded.headers.items()]
+    return encoded.key, encoded.payload, headers
+
+
+async def produce(
+    bootstrap: str, topic: str, records: Iterable[RawRecord], partition: int | None = None
+) -> None:
+    """Send raw records to ``topic`` and wait until the broker has them all."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value, key=key, headers=list(headers), partition=partition)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def produce_events(bootstrap: str, topic: str, events: Iterable[CloudEvent]) -> None:
+    """Send ``events`` in binary mode, as the relay would."""
+    await produce(bootstrap, topic, [binary_record(event) for event in events])
+
+
+def create_effects_table(db_url: str) -> None:
+    """Create ``consumer_effects`` (the handlers' business table) in the test database."""
+    engine = make_engine(db_url, poolclass=NullPool)
+    effects_metadata.create_all(engine)
+    engine.dispose()
+
+
+def effect_rows(db_url: str) -> list[Any]:
+    """All rows of ``consumer_effects``, in insertion order."""
+    engine = make_engine(db_url, poolclass=NullPool)
+    with engine.connect() as connection:
+        rows = connection.execute(select(consumer_effects).order_by(consumer_effects.c.id)).all()
+    engine.dispose()
+    return list(rows)
+
+
+def count_rows(db_url: str, table: Any) -> int:
+    """The number of rows in ``table``."""
+    engine = make_engine(db_url, poolclass=NullPool)
+    with engine.connect() as connection:
+        count = connection.scalar(select(func.count()).select_from(table))
+    engine.dispose()
+    return int(count or 0)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    app: ConsumerApp, db_url: str, bootstrap: str, **options: Any
+) -> AsyncIterator[tuple[ConsumerRuntime, asyncio.Task[Any]]]:
+    """Run ``app`` in a task of this event loop; stop it (and wait for it) on exit.
+
+    Each run gets a consumer group of its own (``runtime.group``) unless ``group`` is given.
+    """
+    options.setdefault("group", f"{app.group_id}-{uuid.uuid4().hex[:8]}")
+    runtime = ConsumerRuntime(app, bootstrap=bootstrap, db_url=db_url, **options)
+    task = asyncio.create_task(runtime.run())
+    try:
+        yield runtime, task
+    finally:
+        runtime.stop()
+        await asyncio.wait_for(task, 60)
+
+
+def alive(task: asyncio.Task[Any]) -> None:
+    """Raise the runtime's own error if its task ended, instead of waiting for a deadline."""
+    if task.done():
+        task.result()
+        raise AssertionError("the consumer runtime stopped on its own")
