@@ -7,6 +7,7 @@ Every command shares one table of exit codes (docs/operations.md):
 | 0 | done; nothing crossed a threshold |
 | 1 | a threshold was crossed (``status``) |
 | 2 | a usage error, or an operational error an operator can fix (unreachable, refused) |
+| 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
 | 130 | interrupted (Ctrl-C) |
 
 Anything else is a bug and ends with Python's traceback (exit 1 from the interpreter would be
@@ -23,6 +24,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 EXIT_OK = 0
 EXIT_THRESHOLD = 1
 EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
 EXIT_BUG = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130
 

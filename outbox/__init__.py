@@ -1,7 +1,16 @@
-"""outboxkit: write a change and its CloudEvent in one transaction; relay, consume, act once."""
+"""The outbox kernel: write a change and its CloudEvent in one transaction, and what every other
+outboxkit package shares (tables, engines, the database clock, backoff, retry, errors)."""
 
-from outboxkit.outbox.errors import InvalidEventError, OutboxError, UnsupportedDatabaseError
+from outboxkit.outbox.errors import (
+    InvalidEventError,
+    OutboxError,
+    OutcomeUnknownError,
+    PermanentError,
+    TransientError,
+    UnsupportedDatabaseError,
+)
 from outboxkit.outbox.events import EncodedEvent, encode_binary, new_event, new_event_id
+from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.outbox.writer import Outbox
 
 __all__ = [
@@ -9,6 +18,10 @@ __all__ = [
     "InvalidEventError",
     "Outbox",
     "OutboxError",
+    "OutcomeUnknownError",
+    "PermanentError",
+    "RetryPolicy",
+    "TransientError",
     "UnsupportedDatabaseError",
     "encode_binary",
     "new_event",

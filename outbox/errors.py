@@ -11,3 +11,22 @@ class InvalidEventError(OutboxError, ValueError):
 
 class UnsupportedDatabaseError(OutboxError):
     """The session is bound to a database outboxkit does not support (PostgreSQL, SQLite)."""
+
+
+# What user code raises to say how a failure should be treated. Consumers' handlers and agent
+# actions share these three, so one vocabulary covers both (see docs/consumers.md and
+# docs/agent-actions.md).
+
+
+class TransientError(Exception):
+    """Retry this: it failed for now and may succeed later (for an action: it certainly did not
+    take effect)."""
+
+
+class PermanentError(Exception):
+    """Never retry this: it will fail the same way again (a consumer dead-letters the record; an
+    action ends FAILED_FINAL). Subclass it to name the reason."""
+
+
+class OutcomeUnknownError(Exception):
+    """An action's call may or may not have taken effect: never retried blindly, reconciled."""

@@ -12,7 +12,6 @@ from outboxkit.migrations.runner import upgrade
 from outboxkit.testing.kafka import KafkaBroker, broker_from_env
 from outboxkit.testing.postgres import throwaway_database
 
-
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
 INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url"})
