@@ -1,1 +1,24 @@
-"""Development helpers: a real single-node Apache Kafka broker without Docker."""
+"""A test kit for suites that use outboxkit, and for outboxkit's own: real components, no fakes.
+
+- :class:`KafkaBroker` runs a real single-node Apache Kafka broker (KRaft) on 127.0.0.1 from
+  the Maven Central jars, without Docker; :func:`broker_from_env` reuses
+  ``OUTBOXKIT_KAFKA_BOOTSTRAP`` or starts one; :func:`create_topic` makes a topic.
+- :func:`throwaway_database` creates a fresh, migrated PostgreSQL database on the server named by
+  ``OUTBOXKIT_TEST_PG_URL`` and drops it afterwards (needs the ``outboxkit[testing]`` extra).
+- :func:`start_cli`, :func:`terminate` and :func:`kill` run ``outboxkit`` commands as child
+  processes, to stop them as an operator or a crash would.
+"""
+
+from outboxkit.testing.kafka import KafkaBroker, broker_from_env, create_topic
+from outboxkit.testing.postgres import throwaway_database
+from outboxkit.testing.processes import kill, start_cli, terminate
+
+__all__ = [
+    "KafkaBroker",
+    "broker_from_env",
+    "create_topic",
+    "kill",
+    "start_cli",
+    "terminate",
+    "throwaway_database",
+]
