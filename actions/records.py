@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from outboxkit.actions.states import State
+from outboxkit.outbox.jsonable import as_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,25 +58,8 @@ class OperationRecord:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (used by the CLI)."""
-        return {
-            "tenant": self.tenant,
-            "key": self.key,
-            "generation": self.generation,
-            "action_type": self.action_type,
-            "params_hash": self.params_hash,
-            "state": self.state.value,
-            "attempts": self.attempts,
-            "lease_holder": self.lease_holder,
-            "lease_expires_ms": self.lease_expires_ms,
-            "result": self.result,
-            "external_ref": self.external_ref,
-            "last_error": self.last_error,
-            "needs_attention": self.needs_attention,
-            "created_ms": self.created_ms,
-            "updated_ms": self.updated_ms,
-            "expires_ms": self.expires_ms,
-        }
+        """A JSON-ready dict (used by the CLI and the audit trail); the row id stays inside."""
+        return as_json(self, omit={"id"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +90,8 @@ class AuditEntry:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (used by the CLI)."""
-        return {
-            "generation": self.generation,
-            "attempt": self.attempt,
-            "from": self.from_state,
-            "to": self.to_state,
-            "at_ms": self.at_ms,
-            "by": self.actor,
-            "reason": self.reason,
-            "detail": self.detail,
-        }
+        """A JSON-ready dict (used by the CLI), with the short names of the trail's columns."""
+        return as_json(self, rename={"from_state": "from", "to_state": "to", "actor": "by"})
 
 
 @dataclass(frozen=True, slots=True)

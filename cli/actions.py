@@ -21,7 +21,7 @@ from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, parse_duration_ms, settings_from
-from outboxkit.ops.support import format_age
+from outboxkit.ops.formatting import format_age
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.writer import Outbox

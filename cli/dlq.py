@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from outboxkit.cli.errors import CliError
@@ -25,19 +25,13 @@ from outboxkit.cli.options import (
     settings_from,
 )
 from outboxkit.consumers.decoding import STRUCTURED_PREFIX, is_json_content_type
-from outboxkit.ops.dlq.fingerprint import normalise
+from outboxkit.consumers.dlq_headers import header_texts
+from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
+from outboxkit.ops.dlq.grouping import FailureGroup, FailureGroups
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
 from outboxkit.ops.dlq.tables import dlq_replays
-from outboxkit.ops.support import (
-    database_bounded,
-    format_ms,
-    ops_console,
-    ops_engine,
-    os_user,
-    quiet_kafka_logs,
-    require_tables,
-)
+from outboxkit.ops.formatting import format_ms, ops_console, os_user
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -49,23 +43,40 @@ dlq_app = typer.Typer(
 
 T = TypeVar("T")
 PROGRESS_MIN_RECORDS = 100
-TopicArgument = typer.Argument(..., help="The dead-letter topic, e.g. orders.dlq.")
-TypeOption = typer.Option(None, "--type", help="CloudEvents type (repeatable: any of them).")
-SourceOption = typer.Option(None, "--source", help="CloudEvents source (repeatable).")
-ErrorClassOption = typer.Option(
-    None,
-    "--error-class",
-    help="permanent:ValidationError, ValidationError, or a category: permanent, exhausted.",
-)
-SinceOption = typer.Option(
-    None, "--since", help="Dead-lettered at or after: ISO-8601 or an age (90s, 15m, 2h, 7d)."
-)
-UntilOption = typer.Option(None, "--until", help="Dead-lettered at or before (as --since).")
-FromOffsetOption = typer.Option(None, "--from-offset", min=0, help="First offset (inclusive).")
-ToOffsetOption = typer.Option(None, "--to-offset", min=0, help="Last offset (inclusive).")
-PartitionsOption = typer.Option(
-    None, "--partition", min=0, help="Only this partition (repeatable)."
-)
+TopicArgument = Annotated[str, typer.Argument(help="The dead-letter topic, e.g. orders.dlq.")]
+
+# The filter options of `dlq list` and `dlq replay`, declared once; None means "no condition".
+TypesOption = Annotated[
+    list[str] | None, typer.Option("--type", help="CloudEvents type (repeatable: any of them).")
+]
+SourcesOption = Annotated[
+    list[str] | None, typer.Option("--source", help="CloudEvents source (repeatable).")
+]
+ErrorClassesOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--error-class",
+        help="permanent:ValidationError, ValidationError, or a category: permanent, exhausted.",
+    ),
+]
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--since", help="Dead-lettered at or after: ISO-8601 or an age (90s, 15m, 2h, 7d)."
+    ),
+]
+UntilOption = Annotated[
+    str | None, typer.Option("--until", help="Dead-lettered at or before (as --since).")
+]
+FromOffsetOption = Annotated[
+    int | None, typer.Option("--from-offset", min=0, help="First offset (inclusive).")
+]
+ToOffsetOption = Annotated[
+    int | None, typer.Option("--to-offset", min=0, help="Last offset (inclusive).")
+]
+PartitionsOption = Annotated[
+    list[int] | None, typer.Option("--partition", min=0, help="Only this partition (repeatable).")
+]
 
 
 @dataclass(frozen=True)
@@ -117,15 +128,15 @@ def _cell(value: object) -> Text:
 
 @dlq_app.command("list")
 def list_command(
-    topic: str = TopicArgument,
-    types: list[str] | None = TypeOption,
-    sources: list[str] | None = SourceOption,
-    error_classes: list[str] | None = ErrorClassOption,
-    since: str | None = SinceOption,
-    until: str | None = UntilOption,
-    from_offset: int | None = FromOffsetOption,
-    to_offset: int | None = ToOffsetOption,
-    partitions: list[int] | None = PartitionsOption,
+    topic: TopicArgument,
+    types: TypesOption = None,
+    sources: SourcesOption = None,
+    error_classes: ErrorClassesOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    from_offset: FromOffsetOption = None,
+    to_offset: ToOffsetOption = None,
+    partitions: PartitionsOption = None,
     group: bool = typer.Option(
         False, "--group", help="Count failures per cause (error class and message pattern)."
     ),
@@ -139,21 +150,18 @@ def list_command(
         types, sources, error_classes, since, until, from_offset, to_offset, partitions
     )
 
-    async def collect(reader: DlqReader) -> tuple[int, list[DlqRecord], dict[str, _Group]]:
-        matched, shown, groups = 0, [], {}
+    async def collect(reader: DlqReader) -> tuple[int, list[DlqRecord], FailureGroups]:
+        matched, shown, groups = 0, list[DlqRecord](), FailureGroups()
         async for record in reader.read(topic, wanted):
             matched += 1
             if group:
-                key = record.fingerprint
-                if key not in groups:
-                    groups[key] = _Group(record)
-                groups[key].add(record)
+                groups.add(record)
             elif len(shown) < limit:
                 shown.append(record)
         return matched, shown, groups
 
     matched, shown, groups = _run(_connection(bootstrap, timeout), collect)
-    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.first_ms))
+    ordered = groups.ordered()
     if as_json:
         document: dict[str, Any] = {"topic": topic, "matched": matched}
         if group:
@@ -168,39 +176,6 @@ def list_command(
         _print_groups(console, topic, matched, ordered)
     else:
         _print_records(console, topic, matched, shown)
-
-
-class _Group:
-    """Dead letters of one failure cause."""
-
-    def __init__(self, example: DlqRecord) -> None:
-        self.error_class = example.error_class
-        self.pattern = normalise(example.error_message)
-        self.fingerprint = example.fingerprint_id
-        self.example = example
-        self.count = 0
-        self.first_ms = example.timestamp
-        self.last_ms = example.timestamp
-        self.original_topics: set[str] = set()
-
-    def add(self, record: DlqRecord) -> None:
-        self.count += 1
-        self.first_ms = min(self.first_ms, record.timestamp)
-        self.last_ms = max(self.last_ms, record.timestamp)
-        if record.original_topic:
-            self.original_topics.add(record.original_topic)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "fingerprint": self.fingerprint,
-            "error_class": self.error_class,
-            "pattern": self.pattern,
-            "count": self.count,
-            "first_ms": self.first_ms,
-            "last_ms": self.last_ms,
-            "original_topics": sorted(self.original_topics),
-            "example": {"partition": self.example.partition, "offset": self.example.offset},
-        }
 
 
 def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRecord]) -> None:
@@ -221,8 +196,8 @@ def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRe
                     record.type,
                     record.source,
                     record.id,
-                    record.error_class,
-                    record.attempts,
+                    record.letter.error_class,
+                    record.letter.attempts,
                 ),
             )
         )
@@ -231,7 +206,7 @@ def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRe
         console.print(f"showing the first {len(shown)} of {matched} (--limit)")
 
 
-def _print_groups(console: Console, topic: str, matched: int, groups: list[_Group]) -> None:
+def _print_groups(console: Console, topic: str, matched: int, groups: list[FailureGroup]) -> None:
     if not matched:
         console.print(f"{topic}: no matching dead-letter records")
         return
@@ -258,7 +233,7 @@ def _print_groups(console: Console, topic: str, matched: int, groups: list[_Grou
 
 @dlq_app.command("show")
 def show_command(
-    topic: str = TopicArgument,
+    topic: TopicArgument,
     offset: int = typer.Argument(..., min=0, help="The record's offset."),
     partition: int = typer.Option(0, "--partition", min=0, help="The record's partition."),
     max_bytes: int = typer.Option(
@@ -272,14 +247,15 @@ def show_command(
     record = _run(
         _connection(bootstrap, timeout), lambda reader: reader.fetch(topic, partition, offset)
     )
-    content_type = _header_text(record, "content-type")
-    data, truncated = render_data(record.value, content_type, max_bytes)
-    size = len(record.value or b"")
+    letter = record.letter
+    content_type = header_texts(letter.headers).get("content-type")
+    data, truncated = render_data(letter.value, content_type, max_bytes)
+    size = len(letter.value or b"")
     if as_json:
         document = {
             **record.to_json(),
-            "headers": [{"name": n, "value": _header_value(v)} for n, v in record.headers],
-            "key": _header_value(record.key),
+            "headers": [{"name": n, "value": _header_value(v)} for n, v in letter.headers],
+            "key": _header_value(letter.key),
             "content_type": content_type,
             "data": data,
             "data_truncated": truncated,
@@ -287,25 +263,18 @@ def show_command(
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
     typer.echo(f"{topic}[{record.partition}]@{record.offset}  {format_ms(record.timestamp)}")
-    typer.echo(f"error: {record.error_class or '-'}: {record.error_message or '-'}")
+    typer.echo(f"error: {letter.error_class or '-'}: {letter.error_message or '-'}")
     typer.echo("headers:")
-    for name, value in record.headers:
+    for name, value in letter.headers:
         text = _header_value(value)
         if name.startswith("outboxkit-") and (name.endswith("-ms") or name.endswith("timestamp")):
             text = f"{text} ({format_ms(_int_or_none(value))})"
         typer.echo(f"  {name}: {text}")
-    typer.echo(f"key: {'(none)' if record.key is None else _header_value(record.key)}")
+    typer.echo(f"key: {'(none)' if letter.key is None else _header_value(letter.key)}")
     typer.echo(f"data ({size} bytes, {content_type or 'no content-type'}):")
     typer.echo(data)
     if truncated:
         typer.echo(f"... truncated: {max_bytes} of the rendering shown (--max-bytes)")
-
-
-def _header_text(record: DlqRecord, name: str) -> str | None:
-    for header, value in record.headers:
-        if header.lower() == name:
-            return (value or b"").decode("utf-8", "replace")
-    return None
 
 
 def _header_value(value: bytes | None) -> str | None:
@@ -363,15 +332,15 @@ def _hex_dump(value: bytes, max_bytes: int) -> tuple[str, bool]:
 
 @dlq_app.command("replay")
 def replay_command(
-    topic: str = TopicArgument,
-    types: list[str] | None = TypeOption,
-    sources: list[str] | None = SourceOption,
-    error_classes: list[str] | None = ErrorClassOption,
-    since: str | None = SinceOption,
-    until: str | None = UntilOption,
-    from_offset: int | None = FromOffsetOption,
-    to_offset: int | None = ToOffsetOption,
-    partitions: list[int] | None = PartitionsOption,
+    topic: TopicArgument,
+    types: TypesOption = None,
+    sources: SourcesOption = None,
+    error_classes: ErrorClassesOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    from_offset: FromOffsetOption = None,
+    to_offset: ToOffsetOption = None,
+    partitions: PartitionsOption = None,
     to: str | None = typer.Option(
         None, "--to", help="Replay to this topic instead of each record's original topic."
     ),

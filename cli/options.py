@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 import typer
 from outboxkit.cli.errors import CliError
-from outboxkit.ops.support import DEFAULT_TIMEOUT_S
+from outboxkit.ops.access import DEFAULT_TIMEOUT_S
 from outboxkit.outbox.settings import Settings
 
 DbUrlOption = typer.Option(None, "--db-url", help="Database URL [env: OUTBOXKIT_DB_URL].")
@@ -29,8 +30,9 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w
 
 def settings_from(db_url: str | None = None, kafka_bootstrap: str | None = None) -> Settings:
     """Settings from the environment, overridden by the flags that were given."""
-    overrides = {"db_url": db_url, "kafka_bootstrap": kafka_bootstrap}
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    given = {"db_url": db_url, "kafka_bootstrap": kafka_bootstrap}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    return Settings(**overrides)
 
 
 def parse_duration_ms(text: str, option: str = "duration") -> int:

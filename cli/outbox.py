@@ -10,21 +10,17 @@ from typing import TypeVar
 import typer
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, JsonOption, TimeoutOption, settings_from
+from outboxkit.ops.access import database_bounded, ops_engine, require_tables
+from outboxkit.ops.formatting import format_age, format_ms, ops_console
 from outboxkit.ops.outbox_rows import (
+    OutboxRow,
     RequeueRefused,
     count_rows,
     list_rows,
     requeue,
     requeue_all_parked,
 )
-from outboxkit.ops.support import (
-    database_bounded,
-    format_age,
-    format_ms,
-    ops_console,
-    ops_engine,
-    require_tables,
-)
+from outboxkit.outbox import jsonable
 from outboxkit.outbox.tables import outbox_events
 from rich.table import Table
 from rich.text import Text
@@ -64,7 +60,7 @@ def list_command(
 ) -> None:
     """List parked rows (--parked) or pending ones, without their payloads."""
 
-    async def query(engine: AsyncEngine) -> tuple[list, int, int]:
+    async def query(engine: AsyncEngine) -> tuple[list[OutboxRow], int, int]:
         rows, now = await list_rows(engine, parked=parked, limit=limit)
         total = len(rows) if len(rows) < limit else await count_rows(engine, parked=parked)
         return rows, now, total
@@ -72,7 +68,11 @@ def list_command(
     rows, now, total = _run(db_url, timeout, query)
     what = "parked" if parked else "pending"
     if as_json:
-        document = {what: total, "shown": len(rows), "rows": [row.to_json() for row in rows]}
+        document = {
+            what: total,
+            "shown": len(rows),
+            "rows": [jsonable.as_json(row) for row in rows],
+        }
         typer.echo(json.dumps(document, indent=2))
         return
     console = ops_console()

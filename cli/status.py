@@ -17,7 +17,9 @@ from outboxkit.cli.options import (
     TimeoutOption,
     settings_from,
 )
+from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
 from outboxkit.ops.dlq.reader import DlqReader
+from outboxkit.ops.formatting import format_age, ops_console, ranges
 from outboxkit.ops.status import (
     TABLES,
     StatusReport,
@@ -26,15 +28,6 @@ from outboxkit.ops.status import (
     database_status,
     dlq_counts,
     group_lags,
-)
-from outboxkit.ops.support import (
-    database_bounded,
-    format_age,
-    ops_console,
-    ops_engine,
-    quiet_kafka_logs,
-    ranges,
-    require_tables,
 )
 from outboxkit.outbox.sharding import SHARD_COUNT
 from rich.console import Console

@@ -1,6 +1,7 @@
 """Dead-lettering: the failed record, unchanged, plus headers that say what went wrong.
 
-The header names are in :mod:`outboxkit.consumers.dlq_headers`. Delivery uses an idempotent producer
+The record format (header names and :class:`DeadLetter`) is in
+:mod:`outboxkit.consumers.dlq_headers`. Delivery uses an idempotent producer
 (``acks=all``) and waits for the broker's acknowledgement, because the source offset is
 committed only after it.
 """
@@ -8,59 +9,25 @@ committed only after it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from outboxkit.consumers import dlq_headers
-from outboxkit.consumers.errors import MAX_MESSAGE_CHARS
+from outboxkit.consumers.dlq_headers import DeadLetter
+
+__all__ = [
+    "DEFAULT_DLQ_TOPIC",
+    "DeadLetter",
+    "DeadLetterPublisher",
+    "dlq_topic_for",
+]
 
 DEFAULT_DLQ_TOPIC = "{topic}.dlq"
-
-_OURS = frozenset(dlq_headers.ALL)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One record to dead-letter, with the facts its headers carry."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
-    error_class: str
-    error_message: str
-    attempts: int
-    first_failure_ms: int
-    last_failure_ms: int
 
 
 def dlq_topic_for(pattern: str, topic: str) -> str:
     """The dead-letter topic of ``topic``: ``pattern`` with ``{topic}`` replaced."""
     return pattern.replace("{topic}", topic)
-
-
-def dead_letter_headers(letter: DeadLetter, group: str) -> list[tuple[str, bytes | None]]:
-    """The original headers (minus earlier outboxkit ones) followed by the failure headers."""
-    facts = {
-        dlq_headers.ERROR_CLASS: letter.error_class,
-        dlq_headers.ERROR_MESSAGE: letter.error_message[:MAX_MESSAGE_CHARS],
-        dlq_headers.ORIGINAL_TOPIC: letter.topic,
-        dlq_headers.ORIGINAL_PARTITION: str(letter.partition),
-        dlq_headers.ORIGINAL_OFFSET: str(letter.offset),
-        dlq_headers.ORIGINAL_TIMESTAMP: str(letter.timestamp),
-        dlq_headers.CONSUMER_GROUP: group,
-        dlq_headers.ATTEMPTS: str(letter.attempts),
-        dlq_headers.FIRST_FAILURE_MS: str(letter.first_failure_ms),
-        dlq_headers.LAST_FAILURE_MS: str(letter.last_failure_ms),
-    }
-    # A record replayed from a dead-letter topic that fails again gets fresh facts, not two.
-    kept = [(name, value) for name, value in letter.headers if name not in _OURS]
-    return kept + [(name, value.encode("utf-8")) for name, value in facts.items()]
 
 
 class DeadLetterPublisher:
@@ -103,11 +70,17 @@ class DeadLetterPublisher:
         async with asyncio.timeout(self.timeout):
             futures = [
                 await self._producer.send(
-                    dlq_topic_for(self.topic_pattern, letter.topic),
+                    dlq_topic_for(self.topic_pattern, _topic_of(letter)),
                     value=letter.value,
                     key=letter.key,
-                    headers=dead_letter_headers(letter, self.group),
+                    headers=letter.to_headers(self.group),
                 )
                 for letter in letters
             ]
             await asyncio.gather(*futures)
+
+
+def _topic_of(letter: DeadLetter) -> str:
+    if letter.topic is None:
+        raise ValueError("a dead letter needs the topic of its original record")
+    return letter.topic

@@ -28,7 +28,10 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = make_engine(context.config.get_main_option("sqlalchemy.url"))
+    url = context.config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise SystemExit("outboxkit migrations need a database URL (sqlalchemy.url)")
+    engine = make_engine(url)
     try:
         with engine.connect() as new_connection:
             _run(new_connection)

@@ -36,21 +36,6 @@ class OutboxRow:
     parked_ms: int | None
     last_error: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready values."""
-        return {
-            "id": self.id,
-            "type": self.type,
-            "source": self.source,
-            "event_id": self.event_id,
-            "topic": self.topic,
-            "attempts": self.attempts,
-            "created_ms": self.created_ms,
-            "available_ms": self.available_ms,
-            "parked_ms": self.parked_ms,
-            "last_error": self.last_error,
-        }
-
 
 @dataclass(frozen=True)
 class RequeueRefused:
@@ -95,7 +80,7 @@ async def list_rows(
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
         now = await _now(connection)
-    return [OutboxRow(*row) for row in rows], now
+    return [OutboxRow(**row._mapping) for row in rows], now
 
 
 async def count_rows(engine: AsyncEngine, *, parked: bool) -> int:
@@ -153,4 +138,6 @@ async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:
 
 
 async def _now(connection: AsyncConnection) -> int:
-    return int(await connection.scalar(select(db_now_ms(connection.dialect.name))))
+    now = await connection.scalar(select(db_now_ms(connection.dialect.name)))
+    assert now is not None  # one row, always
+    return int(now)

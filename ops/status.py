@@ -12,9 +12,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from outboxkit.consumers.tables import inbox_events
+from outboxkit.ops.access import kafka_bounded
 from outboxkit.ops.dlq.reader import DlqReader, UnknownTopicError
 from outboxkit.ops.dlq.tables import dlq_replays
-from outboxkit.ops.support import kafka_bounded
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases

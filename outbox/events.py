@@ -78,18 +78,19 @@ def new_event(
     all_extensions = dict(extensions or {})
     if partitionkey is not None:
         all_extensions[PARTITIONKEY] = partitionkey
-    for name, value in all_extensions.items():
+    for name, extension in all_extensions.items():
         if not isinstance(name, str) or not _EXTENSION_NAME.match(name):
             raise InvalidEventError(
                 f"extension name {name!r} is invalid: use 1-20 lowercase letters or digits"
             )
         if name in attributes or name in ("specversion", "data"):
             raise InvalidEventError(f"extension {name!r} clashes with a CloudEvents attribute")
-        if not isinstance(value, str | int | bool) or value == "":
+        if not isinstance(extension, str | int | bool) or extension == "":
             raise InvalidEventError(f"extension {name!r} must be a non-empty str, int or bool")
-        attributes[name] = value
+        attributes[name] = extension
     try:
-        return CloudEvent(attributes, data)
+        # The SDK serialises any JSON value; its annotation leaves out top-level arrays.
+        return CloudEvent(attributes, data)  # type: ignore[arg-type]
     except BaseCloudEventException as error:
         raise InvalidEventError(f"invalid CloudEvent: {error}") from error
 

@@ -16,8 +16,10 @@ try:  # the optional extra "otel"
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+    OTEL_INSTALLED = True
 except ImportError:  # pragma: no cover - exercised where opentelemetry is absent
-    trace = None
+    OTEL_INSTALLED = False
 
 TRACER_NAME = "outboxkit"
 ORIGIN_HEADERS = ("ce_traceparent", "ce_tracestate")
@@ -30,21 +32,21 @@ def enabled() -> bool:
     With the API alone (the default proxy provider) spans would be no-ops, so per-record span
     work is skipped entirely.
     """
-    return trace is not None and not isinstance(
+    return OTEL_INSTALLED and not isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     )
 
 
 def current_context_headers() -> dict[str, str]:
     """``traceparent``/``tracestate`` of the span current now, or ``{}`` when there is none."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    if not OTEL_INSTALLED or not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
 
 
-_KINDS = {"producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER} if trace is not None else {}
+_KINDS = {"producer": SpanKind.PRODUCER, "consumer": SpanKind.CONSUMER} if OTEL_INSTALLED else {}
 
 
 def _extract(carrier: Mapping[str, str]) -> Any:
@@ -68,7 +70,7 @@ def start_span(
 
     The span is not made current: end it with :func:`end_span`, possibly after awaits.
     """
-    if trace is None:
+    if not OTEL_INSTALLED:
         return None
     span_links = []
     for carrier in links or []:

@@ -17,7 +17,7 @@ from outboxkit.outbox.events import EncodedEvent, encode_binary
 from outboxkit.outbox.sharding import shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.outbox.telemetry import current_context_headers
-from sqlalchemy import Insert, bindparam
+from sqlalchemy import BindParameter, Insert, bindparam
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -56,7 +56,7 @@ class Outbox:
 
     def add(self, session: Session, event: CloudEvent, *, topic: str | None = None) -> bool:
         """Add ``event`` to the session's transaction; return ``False`` if it was a duplicate."""
-        if isinstance(session, AsyncSession) or not isinstance(session, Session):
+        if not isinstance(session, Session):  # an AsyncSession is not a Session
             raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
         statement, values = self._insert(session.get_bind().dialect.name, event, topic)
         return session.execute(statement, values).first() is not None
@@ -98,13 +98,14 @@ def insert_statement(dialect_name: str) -> Insert:
     clock. Building the statement per call cost more than the round trip it sends.
     """
     now_ms = db_now_ms(dialect_name)
-    columns = {name: bindparam(name) for name in _ROW_COLUMNS}
-    return (
+    columns: dict[str, BindParameter[Any]] = {name: bindparam(name) for name in _ROW_COLUMNS}
+    statement: Insert = (
         dialect_insert(dialect_name)(outbox_events)
         .values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)
         .on_conflict_do_nothing(index_elements=["source", "event_id"])
         .returning(outbox_events.c.id)
     )
+    return statement
 
 
 _ROW_COLUMNS = ("source", "event_id", "type", "topic", "kafka_key", "shard", "headers", "payload")

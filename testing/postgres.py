@@ -30,8 +30,8 @@ def throwaway_database(prefix: str = "outboxkit", migrate: bool = True) -> Itera
     server = make_url(server_url())
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     janitor = DatabaseJanitor(
-        user=server.username,
-        host=server.host,
+        user=server.username or "postgres",
+        host=server.host or "127.0.0.1",
         port=server.port or 5432,
         dbname=name,
         password=server.password,

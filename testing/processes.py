@@ -11,7 +11,7 @@ from pathlib import Path
 
 def start_cli(
     args: list[str], log_path: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start ``outboxkit ARGS`` as a child process logging to ``log_path``."""
     log = open(log_path, "ab")  # noqa: SIM115 - the child writes to it
     try:
@@ -25,7 +25,7 @@ def start_cli(
         log.close()
 
 
-def terminate(process: subprocess.Popen, timeout: float = 30.0) -> int:
+def terminate(process: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
     """SIGTERM and wait; returns the exit code (SIGKILL if it does not stop in time)."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -37,7 +37,7 @@ def terminate(process: subprocess.Popen, timeout: float = 30.0) -> int:
     return process.returncode
 
 
-def kill(process: subprocess.Popen) -> None:
+def kill(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL, as a crash would."""
     process.kill()
     process.wait()

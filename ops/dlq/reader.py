@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from outboxkit.consumers import dlq_headers
+from outboxkit.consumers.dlq_headers import DeadLetter, header_texts
+from outboxkit.ops.access import DEFAULT_TIMEOUT_S, KafkaUnreachableError, OpsError, kafka_bounded
 from outboxkit.ops.dlq.fingerprint import fingerprint, fingerprint_id
-from outboxkit.ops.support import (
-    DEFAULT_TIMEOUT_S,
-    KafkaUnreachableError,
-    OpsError,
-    kafka_bounded,
-)
+from outboxkit.outbox.jsonable import as_json
 
 ERROR_CATEGORIES = ("permanent", "exhausted")
 FETCH_WAIT_MS = 500
 FETCH_MAX_RECORDS = 500
-
-_OURS = frozenset(dlq_headers.ALL)
-Header = tuple[str, bytes | None]
 
 
 class UnknownTopicError(OpsError):
@@ -47,25 +40,17 @@ class OffsetOutOfRangeError(OpsError):
 
 @dataclass(frozen=True, slots=True)
 class DlqRecord:
-    """One dead-letter record: where it is, the original record, and the failure facts."""
+    """A dead letter read back: where it sits in the dead-letter topic, and the letter itself.
+
+    ``type``, ``source`` and ``id`` are the original CloudEvent's, when the record is one.
+    """
 
     topic: str
     partition: int
     offset: int
     timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[Header, ...]
-    error_class: str | None
-    error_message: str | None
-    original_topic: str | None
-    original_partition: int | None
-    original_offset: int | None
-    original_timestamp: int | None
-    consumer_group: str | None
-    attempts: int | None
-    first_failure_ms: int | None
-    last_failure_ms: int | None
+    """When it was dead-lettered (the dead-letter record's timestamp, epoch ms)."""
+    letter: DeadLetter
     type: str | None
     source: str | None
     id: str | None
@@ -73,84 +58,45 @@ class DlqRecord:
     @classmethod
     def from_record(cls, record: ConsumerRecord) -> DlqRecord:
         """Parse a consumed dead-letter record; missing or unreadable facts are ``None``."""
-        headers = tuple((name, value) for name, value in (record.headers or ()))
-        texts = _texts(headers)
-        event = _event_attributes(texts, record.value)
+        letter = DeadLetter.from_record(record)
+        event = _event_attributes(header_texts(letter.headers), record.value)
         return cls(
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
             timestamp=record.timestamp,
-            key=record.key,
-            value=record.value,
-            headers=headers,
-            error_class=texts.get(dlq_headers.ERROR_CLASS),
-            error_message=texts.get(dlq_headers.ERROR_MESSAGE),
-            original_topic=texts.get(dlq_headers.ORIGINAL_TOPIC) or None,
-            original_partition=_int(texts.get(dlq_headers.ORIGINAL_PARTITION)),
-            original_offset=_int(texts.get(dlq_headers.ORIGINAL_OFFSET)),
-            original_timestamp=_int(texts.get(dlq_headers.ORIGINAL_TIMESTAMP)),
-            consumer_group=texts.get(dlq_headers.CONSUMER_GROUP),
-            attempts=_int(texts.get(dlq_headers.ATTEMPTS)),
-            first_failure_ms=_int(texts.get(dlq_headers.FIRST_FAILURE_MS)),
-            last_failure_ms=_int(texts.get(dlq_headers.LAST_FAILURE_MS)),
+            letter=letter,
             type=event.get("type"),
             source=event.get("source"),
             id=event.get("id"),
         )
 
-    def original_headers(self) -> list[Header]:
-        """The record's headers without the dead-letter ones: those of the original record."""
-        return [(name, value) for name, value in self.headers if name not in _OURS]
-
     @property
     def fingerprint(self) -> str:
         """The failure's cause: error class and message with its values stripped."""
-        return fingerprint(self.error_class, self.error_message)
+        return fingerprint(self.letter.error_class, self.letter.error_message)
 
     @property
     def fingerprint_id(self) -> str:
         """A short stable id of :attr:`fingerprint`."""
-        return fingerprint_id(self.error_class, self.error_message)
+        return fingerprint_id(self.letter.error_class, self.letter.error_message)
 
     def to_json(self) -> dict[str, Any]:
         """The record's facts as JSON-ready values; never the key or the payload."""
         return {
-            "topic": self.topic,
-            "partition": self.partition,
-            "offset": self.offset,
-            "timestamp_ms": self.timestamp,
-            "type": self.type,
-            "source": self.source,
-            "id": self.id,
-            "error_class": self.error_class,
-            "error_message": self.error_message,
+            **as_json(self, omit={"letter"}, rename={"timestamp": "timestamp_ms"}),
+            **as_json(self.letter, omit={"key", "value", "headers"}, rename=_ORIGINAL),
             "fingerprint": self.fingerprint_id,
-            "attempts": self.attempts,
-            "original_topic": self.original_topic,
-            "original_partition": self.original_partition,
-            "original_offset": self.original_offset,
-            "original_timestamp_ms": self.original_timestamp,
-            "consumer_group": self.consumer_group,
-            "first_failure_ms": self.first_failure_ms,
-            "last_failure_ms": self.last_failure_ms,
-            "value_bytes": len(self.value or b""),
+            "value_bytes": len(self.letter.value or b""),
         }
 
 
-def _texts(headers: Iterable[Header]) -> dict[str, str]:
-    texts: dict[str, str] = {}
-    for name, value in headers:
-        # The last one wins, as the dead-letter facts are appended after the original headers.
-        texts[name.lower()] = (value or b"").decode("utf-8", "replace")
-    return texts
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+_ORIGINAL = {
+    "topic": "original_topic",
+    "partition": "original_partition",
+    "offset": "original_offset",
+    "timestamp": "original_timestamp_ms",
+}
 
 
 def _event_attributes(texts: dict[str, str], value: bytes | None) -> dict[str, str]:
@@ -216,7 +162,7 @@ class DlqFilter:
         if self.sources and record.source not in self.sources:
             return False
         if self.error_classes and not any(
-            _class_matches(wanted, record.error_class) for wanted in self.error_classes
+            _class_matches(wanted, record.letter.error_class) for wanted in self.error_classes
         ):
             return False
         if self.since_ms is not None and record.timestamp < self.since_ms:

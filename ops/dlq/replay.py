@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
+from outboxkit.ops.access import OpsError, kafka_bounded
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord, UnknownTopicError
 from outboxkit.ops.dlq.tables import REPLAYED_BY_MAX, dlq_replays
-from outboxkit.ops.support import OpsError, kafka_bounded
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.jsonable import as_json
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 from uuid6 import uuid7
@@ -69,17 +70,6 @@ class ReplayItem:
     target: str | None
     status: Status
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready values."""
-        return {
-            "partition": self.partition,
-            "offset": self.offset,
-            "type": self.type,
-            "id": self.id,
-            "target": self.target,
-            "status": self.status,
-        }
-
 
 @dataclass
 class ReplaySummary:
@@ -115,21 +105,17 @@ class ReplaySummary:
             self.more_items += 1
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready values."""
-        return {
-            "replay_id": self.replay_id,
-            "dlq_topic": self.dlq_topic,
-            "by": self.by,
-            "dry_run": self.dry_run,
-            "matched": self.matched,
-            "replayed": self.replayed,
-            "skipped_already_replayed": self.already_replayed,
-            "skipped_no_target": self.no_target,
-            "skipped_target_missing": dict(self.target_missing),
-            "by_target": dict(self.by_target),
-            "records": [item.to_json() for item in self.items],
-            "more_records": self.more_items,
-        }
+        """JSON-ready values; the skip counters keep the names scripts read."""
+        return as_json(
+            self,
+            rename={
+                "already_replayed": "skipped_already_replayed",
+                "no_target": "skipped_no_target",
+                "target_missing": "skipped_target_missing",
+                "items": "records",
+                "more_items": "more_records",
+            },
+        )
 
 
 class _Pacer:
@@ -237,7 +223,7 @@ class Replayer:
     ) -> None:
         planned: list[tuple[DlqRecord, str]] = []
         for record in records:
-            target = options.target or record.original_topic
+            target = options.target or record.letter.topic
             if target is None:
                 summary.add(_item(record, None, "no target"))
             elif target not in topics:
@@ -290,9 +276,9 @@ class Replayer:
                     futures.append(
                         await self._producer.send(
                             target,
-                            value=record.value,
-                            key=record.key,
-                            headers=record.original_headers(),
+                            value=record.letter.value,
+                            key=record.letter.key,
+                            headers=record.letter.original_headers(),
                         )
                     )
         except OpsError as error:

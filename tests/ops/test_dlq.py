@@ -23,6 +23,7 @@ from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox import new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.postgres import throwaway_database
 from pydantic import BaseModel
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -40,7 +41,7 @@ from tests.support.consumers import (
     running,
 )
 from tests.support.kafka import read_topic, wait_for
-from tests.support.ops import cli, end_offsets, migrated_pg_database
+from tests.support.ops import cli, end_offsets
 
 FAST_RETRY = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.05, max_elapsed=10)
 REJECTED = (101, 102, 103)
@@ -161,7 +162,8 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def ops_db() -> Iterator[str]:
-    with migrated_pg_database() as url:
+    # One database for the module: the scenario is shared by its tests (pg_url is per test).
+    with throwaway_database("outboxkit_test") as url:
         create_effects_table(url)
         yield url
 

@@ -10,18 +10,11 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from outboxkit.cli.main import main
-from outboxkit.migrations.runner import upgrade
-from pytest_postgresql.janitor import DatabaseJanitor
-from sqlalchemy.engine import make_url
-
-DEFAULT_PG_URL = "postgresql://postgres:postgres@127.0.0.1:5432/postgres"  # as tests/conftest.py
 
 
 @dataclass(frozen=True)
@@ -100,24 +93,3 @@ async def commit_offsets(bootstrap: str, group: str, offsets: dict[TopicPartitio
         await consumer.commit(offsets)
     finally:
         await consumer.stop()
-
-
-@contextlib.contextmanager
-def migrated_pg_database() -> Iterator[str]:
-    """A fresh migrated PostgreSQL database for a whole test module (``pg_url`` is per test)."""
-    server = make_url(os.environ.get("OUTBOXKIT_TEST_PG_URL", DEFAULT_PG_URL))
-    dbname = f"outboxkit_test_{uuid.uuid4().hex[:10]}"
-    janitor = DatabaseJanitor(
-        user=server.username,
-        host=server.host,
-        port=server.port or 5432,
-        dbname=dbname,
-        password=server.password,
-    )
-    janitor.init()
-    try:
-        url = server.set(database=dbname).render_as_string(hide_password=False)
-        upgrade(url)
-        yield url
-    finally:
-        janitor.drop()

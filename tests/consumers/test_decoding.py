@@ -1,8 +1,7 @@
-"""Pieces of the consumer runtime that need no broker: decoding, classification, backoff."""
+"""Reading CloudEvents from Kafka records (binary and structured mode) without a broker."""
 
 from __future__ import annotations
 
-import random
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -11,14 +10,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from outboxkit.consumers import (
-    ConsumerApp,
-    HandlerSignatureError,
-    Permanent,
-    Retryable,
-    RetryPolicy,
-    dlq_headers,
-)
+from outboxkit.consumers import Permanent
 from outboxkit.consumers.decoding import (
     InvalidAttributeError,
     InvalidJSONError,
@@ -26,17 +18,7 @@ from outboxkit.consumers.decoding import (
     NotACloudEventError,
     decode_record,
 )
-from outboxkit.consumers.dlq import DeadLetter, dead_letter_headers, dlq_topic_for
-from outboxkit.consumers.errors import Category, classify, safe_message
 from outboxkit.outbox import encode_binary, new_event
-from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
-
-
-class Order(BaseModel):
-    order_id: int
 
 
 def binary(event: CloudEvent) -> tuple[list[tuple[str, bytes | None]], bytes | None, bytes]:
@@ -127,109 +109,6 @@ def test_malformed_headers_are_permanent_decode_errors(headers, error) -> None: 
 def test_binary_key_that_is_not_utf8_does_not_break_decoding() -> None:
     headers, _, value = binary(new_event("t", "/s", {"a": 1}))
     assert decode_record(headers, b"\xff\x00", value).get_extension("partitionkey") is None
-
-
-class _Orig(Exception):
-    def __init__(self, code: str) -> None:
-        super().__init__("value 'secret-value' violates something")
-        self.pgcode = code
-
-
-def test_classification() -> None:
-    try:
-        Order.model_validate({"order_id": "x"})
-    except ValidationError as error:
-        invalid = error
-    assert classify(Retryable()) is Category.TRANSIENT
-    assert classify(TimeoutError()) is Category.TRANSIENT
-    assert classify(OperationalError("SELECT", {}, Exception("gone"))) is Category.TRANSIENT
-    assert classify(DBAPIError("SELECT", {}, _Orig("40001"))) is Category.TRANSIENT
-    assert classify(DBAPIError("SELECT", {}, _Orig("40P01"))) is Category.TRANSIENT
-    lost = DBAPIError("SELECT", {}, Exception("closed"), connection_invalidated=True)
-    assert classify(lost) is Category.TRANSIENT
-    assert classify(Permanent()) is Category.PERMANENT
-    assert classify(invalid) is Category.PERMANENT
-    assert classify(IntegrityError("INSERT", {}, _Orig("23505"))) is Category.UNKNOWN
-    assert classify(KeyError("k")) is Category.UNKNOWN
-
-
-def test_safe_messages_carry_no_payload() -> None:
-    try:
-        Order.model_validate({"order_id": "secret-value"})
-    except ValidationError as error:
-        assert "secret" not in safe_message(error)
-        assert "order_id" in safe_message(error)
-    failed = IntegrityError("INSERT x VALUES (%(v)s)", {"v": "secret-value"}, _Orig("23505"))
-    assert "secret" not in safe_message(failed) and "23505" in safe_message(failed)
-    try:
-        int("secret-value")
-    except ValueError as error:
-        text = safe_message(error)
-    assert "secret" not in text and "ValueError" in text
-    assert safe_message(Permanent("refund above limit\nsecond line")) == "refund above limit"
-    assert len(safe_message(Retryable("x" * 1000))) == 300
-
-
-def test_retry_policy_is_bounded_in_attempts_and_time() -> None:
-    policy = RetryPolicy(max_attempts=4, base_delay=1.0, max_delay=5.0, max_elapsed=100.0)
-    rng = random.Random(7)
-    delays = [policy.delay(n, rng) for n in range(1, 50)]
-    assert all(0 <= d <= 5.0 for d in delays)
-    assert max(policy.delay(1, rng) for _ in range(200)) <= 1.0
-    assert policy.next_delay(3, 0.0) is not None
-    assert policy.next_delay(4, 0.0) is None  # attempts exhausted
-    assert policy.next_delay(1, 100.5) is None  # total time exhausted
-    assert RetryPolicy(max_elapsed=0.0, base_delay=1.0).next_delay(1, 0.0, random.Random(3)) is None
-
-
-def test_handler_signatures_are_checked_at_registration() -> None:
-    app = ConsumerApp(name="c")
-
-    @app.handler("order.placed", topic="orders")
-    async def ok(order: Order, event: CloudEvent, session: AsyncSession) -> None: ...
-
-    @app.handler("order.synced", topic="orders")
-    def sync_ok(order: Order, session: Session) -> None: ...
-
-    assert app.topics == ["orders"]
-    with pytest.raises(HandlerSignatureError):
-
-        @app.handler("a", topic="orders")
-        async def unknown(order: dict) -> None: ...
-
-    with pytest.raises(HandlerSignatureError):
-
-        @app.handler("b", topic="orders")
-        def sync_with_async_session(session: AsyncSession) -> None: ...
-
-    with pytest.raises(ValueError, match="already registered"):
-
-        @app.handler("order.placed", topic="orders")
-        async def again(order: Order) -> None: ...
-
-
-def test_dead_letter_headers_replace_earlier_ones_and_keep_the_rest() -> None:
-    letter = DeadLetter(
-        topic="orders",
-        partition=2,
-        offset=41,
-        timestamp=1_700_000_000_000,
-        key=b"k",
-        value=b"v",
-        headers=[("ce_id", b"1"), (dlq_headers.ERROR_CLASS, b"old"), ("x", None)],
-        error_class="permanent:Permanent",
-        error_message="m",
-        attempts=1,
-        first_failure_ms=5,
-        last_failure_ms=6,
-    )
-    headers = dead_letter_headers(letter, "billing")
-    assert headers[:2] == [("ce_id", b"1"), ("x", None)]
-    facts = dict(headers[2:])
-    assert list(facts) == list(dlq_headers.ALL)
-    assert facts[dlq_headers.ERROR_CLASS] == b"permanent:Permanent"
-    assert facts[dlq_headers.ORIGINAL_OFFSET] == b"41"
-    assert dlq_topic_for("{topic}.dlq", "orders") == "orders.dlq"
 
 
 _TIMES = st.datetimes(

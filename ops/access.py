@@ -1,4 +1,4 @@
-"""What the operator tools share: bounded Kafka and database access, and output helpers.
+"""Bounded access to Kafka and the database for the operator tools, and their errors.
 
 Every failure an operator can fix (an unreachable broker or database, a missing table, a bad
 time) becomes an :class:`OpsError`, which ``outboxkit`` prints as one line with exit code 2.
@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator, Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.errors import OutboxError
-from rich.console import Console
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -109,64 +104,3 @@ async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:
     for name in names:
         if name not in present:
             raise OpsError(f"table {name} is missing: run 'outboxkit migrate' first")
-
-
-def format_ms(epoch_ms: int | None) -> str:
-    """``2026-11-30 09:00:01Z`` for an epoch ms, ``-`` for none."""
-    if epoch_ms is None or epoch_ms < 0:
-        return "-"
-    moment = datetime.fromtimestamp(epoch_ms / 1000, UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def format_age(ms: int | float | None) -> str:
-    """A short age: ``850ms``, ``42s``, ``7m03s``, ``5h12m``, ``3d04h``."""
-    if ms is None:
-        return "-"
-    ms = max(0, int(ms))
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = ms // 1000
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86_400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86_400}d{seconds % 86_400 // 3600:02d}h"
-
-
-def os_user() -> str:
-    """The operating-system user running the command (``unknown`` if it has no name)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER") or "unknown"
-
-
-def ranges(numbers: Iterable[int]) -> str:
-    """``0-15,32,40-41`` for a set of integers."""
-    ordered = sorted(set(numbers))
-    parts: list[str] = []
-    start = previous = None
-    for number in ordered:
-        if start is None:
-            start = previous = number
-        elif number == previous + 1:  # type: ignore[operator]
-            previous = number
-        else:
-            parts.append(f"{start}" if start == previous else f"{start}-{previous}")
-            start = previous = number
-    if start is not None:
-        parts.append(f"{start}" if start == previous else f"{start}-{previous}")
-    return ",".join(parts) or "-"
-
-
-def ops_console() -> Console:
-    """A rich console for tables: no markup (cells hold operator data), wide when piped."""
-    return Console(
-        highlight=False,
-        markup=False,
-        emoji=False,
-        width=None if sys.stdout.isatty() else 200,
-    )
