@@ -3,6 +3,7 @@
 from outboxkit.consumers.app import ConsumerApp, Handler, HandlerSignatureError
 from outboxkit.consumers.errors import ConsumerError, NoHandlerError, Permanent, Retryable
 from outboxkit.consumers.inbox import purge_inbox
+from outboxkit.consumers.records import KafkaRecord
 from outboxkit.consumers.retry import RetryPolicy
 from outboxkit.consumers.runtime import ConsumerRuntime, Stats
 from outboxkit.consumers.tables import inbox_events
@@ -13,6 +14,7 @@ __all__ = [
     "ConsumerRuntime",
     "Handler",
     "HandlerSignatureError",
+    "KafkaRecord",
     "NoHandlerError",
     "Permanent",
     "RetryPolicy",

@@ -7,11 +7,14 @@ A handler's parameters are chosen by their annotations::
 
 - a pydantic model class: the event's ``data`` validated into it (failure: dead-lettered);
 - ``CloudEvent``: the decoded event itself;
+- ``KafkaRecord``: the record it arrived in (topic, partition, offset, key, timestamp,
+  headers), which the CloudEvents binding keeps out of the event's attributes;
 - ``AsyncSession``: the open session whose transaction also records the inbox claim;
 - ``Session`` (sync handlers only): the same transaction, as a sync session.
 
-``@app.batch_handler`` registers an async function that takes ``list[Model]`` and/or
-``list[CloudEvent]`` plus the ``AsyncSession``, for effects written many at a time.
+``@app.batch_handler`` registers an async function that takes ``list[Model]``,
+``list[CloudEvent]`` and/or ``list[KafkaRecord]`` plus the ``AsyncSession``, for effects
+written many at a time.
 
 Async handlers run on the event loop. A sync handler that takes a ``Session`` runs through
 ``AsyncSession.run_sync`` (on the loop, so keep it short); one that takes no session runs in a
@@ -35,6 +38,7 @@ from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers.dlq import DEFAULT_DLQ_TOPIC
 from outboxkit.consumers.inbox import DEFAULT_RETENTION
 from outboxkit.consumers.metrics import HANDLER_SECONDS
+from outboxkit.consumers.records import KafkaRecord
 from outboxkit.consumers.retry import RetryPolicy
 from outboxkit.consumers.tables import CONSUMER_MAX
 from pydantic import BaseModel
@@ -54,7 +58,7 @@ class HandlerSignatureError(TypeError):
 @dataclass(frozen=True, slots=True)
 class _Param:
     name: str
-    kind: Literal["model", "event", "session", "sync_session"]
+    kind: Literal["model", "event", "record", "session", "sync_session"]
     model: type[BaseModel] | None = None
 
 
@@ -74,12 +78,15 @@ class Handler:
         """``module.function``, for logs."""
         return f"{self.func.__module__}.{getattr(self.func, '__qualname__', self.func)}"
 
-    def bind(self, event: CloudEvent) -> dict[str, Any]:
-        """Build the non-session arguments; raises pydantic's ``ValidationError`` on bad data."""
+    def bind(self, event: CloudEvent, record: Any) -> dict[str, Any]:
+        """Build the non-session arguments from ``event`` and the aiokafka ``record`` it came
+        in; raises pydantic's ``ValidationError`` on bad data."""
         arguments: dict[str, Any] = {}
         for param in self.params:
             if param.kind == "event":
                 arguments[param.name] = event
+            elif param.kind == "record":
+                arguments[param.name] = KafkaRecord.of(record)
             elif param.kind == "model":
                 arguments[param.name] = _validate(param.model, event.get_data())
         return arguments
@@ -195,11 +202,11 @@ class ConsumerApp:
     def batch_handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated async function for *batches* of events of ``type``.
 
-        It takes ``list[Model]`` and/or ``list[CloudEvent]`` (the same events, in offset
-        order) and the ``AsyncSession``; it is called once for consecutive new events of one
-        partition in one transaction, so it can write all their effects in one statement. If
-        it raises, none of the batch took effect and each event of it is handled again on its
-        own (a batch of one), so retries and dead letters stay per event.
+        It takes ``list[Model]``, ``list[CloudEvent]`` and/or ``list[KafkaRecord]`` (the same
+        events, in offset order) and the ``AsyncSession``; it is called once for consecutive
+        new events of one partition in one transaction, so it can write all their effects in
+        one statement. If it raises, none of the batch took effect and each event of it is
+        handled again on its own (a batch of one), so retries and dead letters stay per event.
         """
         return self._register(type, topic, batch=True)
 
@@ -238,11 +245,11 @@ def _describe(topic: str, type: str, func: HandlerFunc, batch: bool) -> Handler:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise HandlerSignatureError(f"{func.__qualname__}: *args/**kwargs are not supported")
         if batch and annotation is not None and typing.get_origin(annotation) is list:
-            (annotation,) = typing.get_args(annotation)  # list[Model] / list[CloudEvent]
+            (annotation,) = typing.get_args(annotation)  # list[Model], list[CloudEvent], ...
         elif batch and not (inspect.isclass(annotation) and issubclass(annotation, AsyncSession)):
             raise HandlerSignatureError(
                 f"{func.__qualname__}({parameter.name}): a batch handler takes list[Model], "
-                "list[CloudEvent] and AsyncSession"
+                "list[CloudEvent], list[KafkaRecord] and AsyncSession"
             )
         params.append(_param_for(func, parameter.name, annotation, is_async))
     return Handler(
@@ -254,6 +261,8 @@ def _param_for(func: HandlerFunc, name: str, annotation: Any, is_async: bool) ->
     where = f"{getattr(func, '__qualname__', func)}({name})"
     if annotation in (CloudEvent, BaseCloudEvent):
         return _Param(name, "event")
+    if annotation is KafkaRecord:
+        return _Param(name, "record")
     if inspect.isclass(annotation):
         if issubclass(annotation, BaseModel):
             return _Param(name, "model", annotation)
@@ -268,5 +277,6 @@ def _param_for(func: HandlerFunc, name: str, annotation: Any, is_async: bool) ->
                 raise HandlerSignatureError(f"{where}: an async handler takes AsyncSession")
             return _Param(name, "sync_session")
     raise HandlerSignatureError(
-        f"{where}: annotate it with a pydantic model, CloudEvent, AsyncSession or Session"
+        f"{where}: annotate it with a pydantic model, CloudEvent, KafkaRecord, AsyncSession "
+        "or Session"
     )

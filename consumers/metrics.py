@@ -33,7 +33,7 @@ HANDLER_SECONDS = Histogram(
 
 COMMIT_TO_EFFECT = Histogram(
     "outboxkit_consumer_commit_to_effect_seconds",
-    "From the event's time (else the Kafka record timestamp) to the commit of its effect.",
+    "From the event's time to the commit of its effect (events without time: not observed).",
     ["consumer"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )

@@ -401,13 +401,15 @@ class ConsumerRuntime:
         Raises a permanent error for an undecodable record, invalid data, or an unhandled type
         when those are dead-lettered.
         """
-        event = decode_record(record.headers, record.key, record.value)
+        event = decode_record(record.headers, record.value)
         handler = self.app.handler_for(record.topic, event.get_type())
         if handler is None:
             if self.app.unhandled == "skip":
                 return _SKIP
             raise NoHandlerError(f"no handler for this event type on topic {record.topic!r}")
-        return _Run(handler, event.get_source(), event.get_id(), handler.bind(event), record, event)
+        return _Run(
+            handler, event.get_source(), event.get_id(), handler.bind(event, record), record, event
+        )
 
     def _step(self, record: ConsumerRecord) -> _Step:
         """:meth:`_prepare`, with a failure returned instead of raised."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -53,11 +53,8 @@ def _key(record: ConsumerRecord) -> _Key:
 
 
 def event_time_s(event: CloudEvent) -> float | None:
-    """When the event happened: its ``time`` attribute.
-
-    The CloudEvents SDK gives an event without ``time`` the moment it was built (here: when the
-    consumer decoded it), so such events count as applied almost at once.
-    """
+    """When the event happened: its ``time`` attribute, or ``None`` when the producer sent
+    none (the decoder keeps an absent ``time`` absent, so such an event is not observed)."""
     happened = event.get_time()
     return happened.timestamp() if happened is not None else None
 
@@ -139,7 +136,7 @@ class HandlerTelemetry:
             attributes["cloudevents.event_source"] = headers.get("ce_source")
             attributes["cloudevents.event_id"] = headers.get("ce_id")
         parent = hop or origin
-        links = [origin] if hop and origin else None
+        links: list[Mapping[str, str]] | None = [origin] if hop and origin else None
         if parent:
             return telemetry.start_span(
                 SPAN_NAME, kind="consumer", parent=parent, links=links, attributes=attributes

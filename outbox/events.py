@@ -29,6 +29,7 @@ PARTITIONKEY = "partitionkey"
 _JSON_CONTENT_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9.+-]+\+)?json(;.*)?$")
 _EXTENSION_NAME = re.compile(r"^[a-z0-9]{1,20}$")
 _FORMAT = JSONFormat()
+_INT32 = range(-(2**31), 2**31)
 
 EventData = BaseModel | dict[str, Any] | list[Any] | bytes | str | None
 
@@ -53,10 +54,14 @@ def new_event(
 ) -> CloudEvent:
     """Build a CloudEvents 1.0 event, validated now rather than when it is published.
 
-    ``data`` may be a pydantic model or a dict/list (JSON), ``bytes`` or ``str``. ``id`` defaults
-    to a UUIDv7; give a deterministic id to make publishing idempotent, since the outbox keeps
-    one row per ``(source, id)``. ``partitionkey`` becomes the Kafka key: events that share it
-    are published in the order they were written.
+    ``data`` may be a pydantic model or a dict/list (JSON), ``bytes`` or ``str``, or ``None``
+    for an event without data. ``datacontenttype`` defaults to ``application/json``,
+    ``application/octet-stream`` for bytes and ``text/plain; charset=utf-8`` for a str; an
+    event without data has none (there is no data to describe), and is published as a Kafka
+    record with a null value. ``id`` defaults to a UUIDv7; give a deterministic id to make
+    publishing idempotent, since the outbox keeps one row per ``(source, id)``. ``time``
+    defaults to now. ``partitionkey`` becomes the Kafka key: events that share it are published
+    in the order they were written.
     """
     if not type or not isinstance(type, str):
         raise InvalidEventError("event 'type' is required and must be a non-empty string")
@@ -64,18 +69,24 @@ def new_event(
         raise InvalidEventError("event 'source' is required and must be a non-empty string")
     if isinstance(data, BaseModel):
         data = data.model_dump(mode="json")
-    if datacontenttype is None:
+    if datacontenttype is None and data is not None:
         datacontenttype = _default_content_type(data)
     attributes: dict[str, Any] = {
         "type": type,
         "source": source,
         "id": id if id is not None else new_event_id(),
-        "datacontenttype": datacontenttype,
     }
-    for name, value in (("subject", subject), ("time", time), ("dataschema", dataschema)):
-        if value is not None:
-            attributes[name] = value
-    all_extensions = dict(extensions or {})
+    if datacontenttype is not None:
+        attributes["datacontenttype"] = datacontenttype
+    optional: tuple[tuple[str, str | datetime | None], ...] = (
+        ("subject", subject),
+        ("time", time),
+        ("dataschema", dataschema),
+    )
+    for name, optional_value in optional:
+        if optional_value is not None:
+            attributes[name] = optional_value
+    all_extensions: dict[str, str | int | bool] = dict(extensions or {})
     if partitionkey is not None:
         all_extensions[PARTITIONKEY] = partitionkey
     for name, extension in all_extensions.items():
@@ -83,10 +94,13 @@ def new_event(
             raise InvalidEventError(
                 f"extension name {name!r} is invalid: use 1-20 lowercase letters or digits"
             )
-        if name in attributes or name in ("specversion", "data"):
+        if name in attributes or name in ("specversion", "data", "data_base64"):
             raise InvalidEventError(f"extension {name!r} clashes with a CloudEvents attribute")
         if not isinstance(extension, str | int | bool) or extension == "":
             raise InvalidEventError(f"extension {name!r} must be a non-empty str, int or bool")
+        if isinstance(extension, int) and not isinstance(extension, bool):
+            if extension not in _INT32:
+                raise InvalidEventError(f"extension {name!r} is outside the 32-bit Integer range")
         attributes[name] = extension
     try:
         # The SDK serialises any JSON value; its annotation leaves out top-level arrays.
@@ -105,7 +119,12 @@ def _default_content_type(data: EventData) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EncodedEvent:
-    """A CloudEvent in Kafka binary content mode: what one outbox row holds."""
+    """A CloudEvent in Kafka binary content mode: what one outbox row holds.
+
+    An empty ``payload`` is an event without data: the relay publishes it as a record whose
+    value is null (Kafka binding 3.2.2), as most readers (the Java SDK's too) cannot tell
+    zero bytes of data from none.
+    """
 
     source: str
     id: str

@@ -133,7 +133,7 @@ class Publisher:
         missing_topics: dict[str, str] = {}
         partitions_of: dict[str, list[int]] = {}
         open_batches: dict[tuple[str, int], _Batch] = {}
-        sent: list[tuple[asyncio.Future, _Batch]] = []
+        sent: list[tuple[asyncio.Future[Any], _Batch]] = []
         spans: dict[int, Any] = {}
         started = time.perf_counter()
         tracing = telemetry.enabled()
@@ -145,7 +145,7 @@ class Publisher:
                 self._fail(outcome, failed_keys, row, missing_topics[row.topic])
                 continue
             headers = row.headers
-            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.key, row.payload, headers)
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.key, _value(row), headers)
             if size > self._max_request_size:
                 self._fail(outcome, failed_keys, row, _describe(_too_large(size)))
                 continue
@@ -225,7 +225,7 @@ class Publisher:
             telemetry.end_span(current)
         return outcome
 
-    async def _acknowledgements(self, futures: list[asyncio.Future]) -> list[object]:
+    async def _acknowledgements(self, futures: list[asyncio.Future[Any]]) -> list[object]:
         """Each future's result or exception; a deadline turns a silent broker into an outage.
 
         aiokafka retries a batch whose leader is known but unreachable forever, so without this
@@ -276,7 +276,7 @@ class _Batch:
     def add(self, row: ClaimedRow, headers: list[tuple[str, bytes]]) -> bool:
         """Append ``row``; ``False`` when the batch is full (a first record always fits)."""
         metadata = self.builder.append(
-            key=row.key, value=row.payload, timestamp=None, headers=headers
+            key=row.key, value=_value(row), timestamp=None, headers=headers
         )
         if metadata is None:
             return False
@@ -284,9 +284,18 @@ class _Batch:
         self.offsets.append(metadata.offset)
         return True
 
-    async def send(self, producer: AIOKafkaProducer) -> asyncio.Future:
+    async def send(self, producer: AIOKafkaProducer) -> asyncio.Future[Any]:
         """Queue the batch; the future resolves with its base offset once acknowledged."""
-        return await producer.send_batch(self.builder, self.topic, partition=self.partition)
+        future: asyncio.Future[Any] = await producer.send_batch(
+            self.builder, self.topic, partition=self.partition
+        )
+        return future
+
+
+def _value(row: ClaimedRow) -> bytes | None:
+    """The record's value: null for an event without data (Kafka binding 3.2.2), which the
+    outbox stores as an empty payload."""
+    return row.payload or None
 
 
 def _too_large(size: int) -> MessageSizeTooLargeError:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from outboxkit.testing.maven import MavenError, cache_root, copy_dependencies
 from outboxkit.testing.processes import terminate
 
 KAFKA_VERSION = "4.1.2"
@@ -55,37 +56,19 @@ class KafkaLauncherError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Return the folder holding the broker jars (``OUTBOXKIT_CACHE`` or ``~/.cache/outboxkit``)."""
-    root = os.environ.get("OUTBOXKIT_CACHE") or Path.home() / ".cache" / "outboxkit"
-    return Path(root) / f"kafka-{KAFKA_VERSION}"
+    """Return the folder holding the broker jars (under ``OUTBOXKIT_CACHE`` or
+    ``~/.cache/outboxkit``)."""
+    return cache_root() / f"kafka-{KAFKA_VERSION}"
 
 
 def fetch_jars(quiet: bool = True) -> Path:
     """Fetch the broker jars with ``mvn`` once; return the folder of jars."""
-    libs = cache_dir() / "libs"
-    marker = cache_dir() / ".complete"
-    if marker.exists():
-        return libs
-    if shutil.which("mvn") is None:
-        raise KafkaLauncherError("mvn is not installed: it fetches the Kafka jars from Maven")
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    pom = cache_dir() / "pom.xml"
-    pom.write_text(_POM.format(kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
-    command = [
-        "mvn",
-        "-B",
-        *(["-q"] if quiet else []),
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={libs}",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise KafkaLauncherError(f"mvn failed to fetch Kafka jars:\n{result.stdout[-3000:]}")
-    marker.touch()
-    return libs
+    try:
+        return copy_dependencies(
+            cache_dir(), _POM.format(kafka=KAFKA_VERSION, log4j=LOG4J_VERSION), quiet=quiet
+        )
+    except MavenError as error:
+        raise KafkaLauncherError(f"cannot fetch the Kafka jars: {error}") from error
 
 
 def free_port() -> int:

@@ -88,6 +88,20 @@ async def test_committed_event_arrives_once_and_decodes_to_the_same_event(
     assert table_counts(db_url) == {"published": 1, "parked": 0, "total": 1}
 
 
+async def test_an_event_without_data_is_published_as_a_null_value_without_content_type(
+    sqlite_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    """CloudEvents Kafka binding 3.2.2: no data is a record with no value."""
+    write_events(sqlite_url, topic, [new_event("order.noted", "/shop", partitionkey="o-1")])
+    assert await Relay(sqlite_url, kafka_bootstrap, FAST).drain(timeout=60) == 1
+    (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
+    assert record.value is None
+    assert record.key == b"o-1"
+    headers = dict(record.headers)
+    assert "content-type" not in headers
+    assert headers["ce_partitionkey"] == b"o-1"
+
+
 async def test_retention_zero_deletes_rows_once_published(
     pg_url: str, kafka_bootstrap: str, topic: str
 ) -> None:
