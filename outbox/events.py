@@ -98,9 +98,9 @@ def new_event(
             raise InvalidEventError(f"extension {name!r} clashes with a CloudEvents attribute")
         if not isinstance(extension, str | int | bool) or extension == "":
             raise InvalidEventError(f"extension {name!r} must be a non-empty str, int or bool")
-        if isinstance(extension, int) and not isinstance(extension, bool):
-            if extension not in _INT32:
-                raise InvalidEventError(f"extension {name!r} is outside the 32-bit Integer range")
+        is_integer = isinstance(extension, int) and not isinstance(extension, bool)
+        if is_integer and extension not in _INT32:
+            raise InvalidEventError(f"extension {name!r} is outside the 32-bit Integer range")
         attributes[name] = extension
     try:
         # The SDK serialises any JSON value; its annotation leaves out top-level arrays.
