@@ -350,6 +350,20 @@ async def test_database_down_still_reports_lag_and_dead_letters(
     assert SECRET not in silent.out + silent.err
 
 
+async def test_both_down_reports_every_section_unreachable(mute_server: str) -> None:
+    host, port = mute_server.split(":")
+    hung = f"postgresql://postgres:{SECRET}@{host}:{port}/outbox"
+    both = ("--db-url", hung, "--bootstrap", mute_server, "--group", "billing", "--timeout", "1")
+    silent = await cli("status", "--json", *both)
+    assert silent.code == 3 and silent.seconds < 8  # the two sources wait at the same time
+    report = silent.json()
+    assert SECRET not in silent.out + silent.err
+    for section in ("outbox", "relays", "shards", "actions", "inbox", "consumers", "dlq"):
+        assert report[section]["status"] == "unreachable", section
+        assert "did not answer within 1 s" in report[section]["cause"], section
+    assert len(silent.err.strip().splitlines()) == 2
+
+
 def test_both_down_reports_every_section_unreachable_as_a_process() -> None:
     common = ("--db-url", DOWN_DB, "--bootstrap", DOWN_BROKER, "--group", "billing")
     as_json = cli_process("status", "--json", *common)
