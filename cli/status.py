@@ -1,15 +1,25 @@
-"""``outboxkit status``: the pipeline at a glance, with alert thresholds as the exit code.
+"""``outboxkit status``: the pipeline at a glance, by source, with alert thresholds as the exit
+code; ``--watch`` redraws it in place.
 
-Exit codes: 0 healthy (no threshold crossed), 1 a threshold crossed (each one named on
-stderr), 2 the status could not be read (broker or database unreachable, bad option).
+Exit codes (the table of :mod:`outboxkit.cli.errors`): 0 every source read and no threshold
+crossed; 1 a threshold crossed (each one named on stderr); 3 a source could not be read (each
+one named on stderr; the sections of the other sources are printed as usual). 3 wins over 1:
+a threshold on an unreachable source cannot be checked, and an unreachable broker or database
+is usually the cause of the thresholds that are crossed. 2 is for usage errors only. A
+``--watch`` ended with Ctrl-C exits 0: it has no end of its own, so that is its normal end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any
 
 import typer
+from outboxkit.cli.errors import EXIT_OK, EXIT_THRESHOLD, EXIT_UNREACHABLE, CliError
 from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
@@ -17,24 +27,24 @@ from outboxkit.cli.options import (
     TimeoutOption,
     settings_from,
 )
-from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
-from outboxkit.ops.dlq.reader import DlqReader
+from outboxkit.ops.access import quiet_kafka_logs
 from outboxkit.ops.formatting import format_age, ops_console, ranges
 from outboxkit.ops.status import (
-    TABLES,
+    DlqInfo,
+    DlqTopicUnreachable,
+    RelayInfo,
     StatusReport,
     Thresholds,
-    crossed,
-    database_status,
-    dlq_counts,
-    group_lags,
+    Unreachable,
+    read_status,
 )
 from outboxkit.outbox.sharding import SHARD_COUNT
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-EXIT_CROSSED = 1
+DEFAULT_WATCH_S = 2.0
 GroupsOption = typer.Option(
     None,
     "--group",
@@ -46,6 +56,15 @@ DlqTopicsOption = typer.Option(
 
 
 def status(
+    seconds: float | None = typer.Argument(
+        None,
+        metavar="[SECONDS]",
+        min=0.1,
+        help=f"With --watch: seconds between refreshes (default {DEFAULT_WATCH_S:g}).",
+    ),
+    watch: bool = typer.Option(
+        False, "--watch", help="Redraw the status in place every SECONDS until Ctrl-C."
+    ),
     groups: list[str] | None = GroupsOption,
     dlq_topics: list[str] | None = DlqTopicsOption,
     max_oldest_age: float | None = typer.Option(
@@ -65,80 +84,177 @@ def status(
     bootstrap: str | None = BootstrapOption,
     timeout: float = TimeoutOption,
 ) -> int:
-    """Outbox backlog, relays and shard leases, consumer lag, inbox, dead letters."""
+    """Outbox backlog, relays and shard leases, UNKNOWN actions, inbox, consumer lag, dead
+    letters; each source (database, broker) reported on its own.
+
+    Exit 0 all read and no threshold crossed, 1 a threshold crossed, 3 a source unreachable
+    (wins over 1), 2 a usage error.
+    """
+    if seconds is not None and not watch:
+        raise CliError(f"SECONDS ({seconds:g}) is the refresh interval of --watch: add --watch")
+    if watch and as_json:
+        raise CliError("--watch draws a live view for a terminal: use --json without --watch")
     settings = settings_from(db_url, bootstrap)
     limits = Thresholds(max_oldest_age, max_dlq, max_parked, max_lag)
     quiet_kafka_logs()
 
-    async def collect() -> StatusReport:
-        engine = ops_engine(settings.db_url, timeout)
-        try:
-            async with database_bounded(engine, timeout):
-                await require_tables(engine, TABLES)
-                database = await database_status(engine)
-            async with DlqReader(settings.kafka_bootstrap, timeout) as reader:
-                lags = await group_lags(reader, groups or list(database.inbox_by_consumer))
-                dlq = await dlq_counts(reader, engine, dlq_topics)
-            return StatusReport(database, lags, dlq)
-        finally:
-            await engine.dispose()
+    def read() -> Coroutine[Any, Any, StatusReport]:
+        return read_status(
+            settings.db_url,
+            settings.kafka_bootstrap,
+            groups=groups or (),
+            dlq_topics=dlq_topics or (),
+            timeout=timeout,
+            limits=limits,
+        )
 
-    report = asyncio.run(collect())
-    report.crossed = crossed(report, limits)
+    if watch:
+        return _watch(ops_console(), seconds or DEFAULT_WATCH_S, read)
+    report = asyncio.run(read())
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        _print(ops_console(), report)
+        ops_console().print(Group(*render(report)))
     for line in report.crossed:
         typer.echo(f"outboxkit: threshold crossed: {line}", err=True)
-    return EXIT_CROSSED if report.crossed else 0
+    for line in report.unreachable():
+        typer.echo(f"outboxkit: unreachable: {line}", err=True)
+    return exit_code(report)
 
 
-def _print(console: Console, report: StatusReport) -> None:
+def exit_code(report: StatusReport) -> int:
+    """3 if a source could not be read (whatever else), else 1 if a threshold was crossed."""
+    if report.unreachable():
+        return EXIT_UNREACHABLE
+    return EXIT_THRESHOLD if report.crossed else EXIT_OK
+
+
+def _watch(
+    console: Console, interval: float, read: Callable[[], Coroutine[Any, Any, StatusReport]]
+) -> int:
+    async def redraw() -> None:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            live.update(Text("outboxkit status: reading the database and the broker..."))
+            live.refresh()
+            while True:
+                report = await read()  # each source with its own timeout, every time
+                live.update(Group(_watch_header(interval), *render(report), *_footer(report)))
+                live.refresh()
+                await asyncio.sleep(interval)
+
+    # Ctrl-C is how a watch ends: the last picture stays on the screen.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(redraw())
+    return EXIT_OK
+
+
+def _watch_header(interval: float) -> Text:
+    now = datetime.now().astimezone().strftime("%H:%M:%S")
+    return Text(f"outboxkit status at {now}, every {interval:g} s (Ctrl-C to quit)")
+
+
+def _footer(report: StatusReport) -> list[RenderableType]:
+    lines = [f"threshold crossed: {line}" for line in report.crossed]
+    lines += [f"unreachable: {line}" for line in report.unreachable()]
+    return [Text(line) for line in lines]
+
+
+def render(report: StatusReport) -> list[RenderableType]:
+    """The report for people: the database's sections, then the broker's."""
     db = report.database
-    outbox = db.outbox
-    oldest = (
-        f"oldest unpublished {format_age(outbox.oldest_age_s * 1000)} old"
-        if outbox.oldest_age_s is not None
-        else "nothing unpublished"
-    )
-    console.print(f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked}")
-    held = SHARD_COUNT - db.free_shards
-    relays = Table(title=Text(f"relays: {held} of {SHARD_COUNT} shards leased"))
-    for name in ("RELAY", "HOST", "PID", "HEARTBEAT", "SHARDS", "HELD"):
-        relays.add_column(name, justify="right" if name in ("PID", "SHARDS") else "left")
-    for relay in db.relays:
-        beat = relay.heartbeat_age_s
-        relays.add_row(
-            *(
-                Text(str(cell))
-                for cell in (
-                    relay.relay_id,
-                    relay.host or "? (not registered)",
-                    relay.pid if relay.pid is not None else "-",
-                    f"{format_age(beat * 1000)} ago" if beat is not None else "-",
-                    len(relay.shards),
-                    ranges(relay.shards),
+    if isinstance(db, Unreachable):
+        parts: list[RenderableType] = [
+            Text(f"{name}: unreachable: {db.cause}")
+            for name in ("outbox", "relays", "actions", "inbox")
+        ]
+    else:
+        outbox = db.outbox
+        oldest = (
+            f"oldest unpublished {_age(outbox.oldest_age_s)} old"
+            if outbox.oldest_age_s is not None
+            else "nothing unpublished"
+        )
+        parts = [Text(f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked}")]
+        parts.append(_relays(db.relays, SHARD_COUNT - db.free_shards))
+        actions = db.actions
+        if actions.unknown:
+            parts.append(
+                Text(
+                    f"actions: {actions.unknown} UNKNOWN ({actions.needs_attention} flagged "
+                    f"for a person), oldest UNKNOWN for {_age(actions.oldest_unknown_age_s)}"
                 )
             )
+        else:
+            parts.append(Text("actions: none UNKNOWN"))
+        by_consumer = ", ".join(
+            f"{name} {rows}, last {_age(db.inbox.last_processed_age_s.get(name))} ago"
+            for name, rows in db.inbox.by_consumer.items()
         )
-    console.print(relays if db.relays else "relays: none registered")
-    lag = Table(title=Text("consumer lag"))
+        parts.append(
+            Text(f"inbox: {db.inbox.rows} row(s)" + (f" ({by_consumer})" if by_consumer else ""))
+        )
+    parts.append(_consumers(report))
+    parts.extend(_dead_letters(report))
+    return parts
+
+
+def _age(seconds: float | None) -> str:
+    return format_age(seconds * 1000 if seconds is not None else None)
+
+
+def _relays(relays: list[RelayInfo], held: int) -> RenderableType:
+    if not relays:
+        return Text(f"relays: none registered ({held} of {SHARD_COUNT} shards leased)")
+    table = Table(title=Text(f"relays: {held} of {SHARD_COUNT} shards leased"))
+    for name in ("RELAY", "HOST", "PID", "HEARTBEAT", "SHARDS", "HELD"):
+        table.add_column(name, justify="right" if name in ("PID", "SHARDS") else "left")
+    for relay in relays:
+        beat = relay.heartbeat_age_s
+        cells = (
+            relay.relay_id,
+            relay.host or "? (not registered)",
+            relay.pid if relay.pid is not None else "-",
+            f"{_age(beat)} ago" if beat is not None else "-",
+            len(relay.shards),
+            ranges(relay.shards),
+        )
+        table.add_row(*(Text(str(cell)) for cell in cells))
+    return table
+
+
+def _consumers(report: StatusReport) -> RenderableType:
+    if isinstance(report.consumers, Unreachable):
+        return Text(f"consumer lag: unreachable: {report.consumers.cause}")
+    if not report.consumers:
+        return Text("consumer lag: no groups")
+    table = Table(title=Text("consumer lag"))
     for name in ("GROUP", "TOPIC", "P", "COMMITTED", "END", "LAG"):
-        lag.add_column(name, justify="left" if name in ("GROUP", "TOPIC") else "right")
+        table.add_column(name, justify="left" if name in ("GROUP", "TOPIC") else "right")
     for group in report.consumers:
         if not group.partitions:
-            lag.add_row(Text(group.group), Text("(no committed offsets)"), *[Text("")] * 4)
+            table.add_row(Text(group.group), Text("(no committed offsets)"), *[Text("")] * 4)
         for part in group.partitions:
             committed = "-" if part.committed is None else str(part.committed)
             cells = (group.group, part.topic, part.partition, committed, part.end, part.lag)
-            lag.add_row(*(Text(str(cell)) for cell in cells))
-    console.print(lag if report.consumers else "consumer lag: no groups")
-    by_consumer = ", ".join(f"{name} {rows}" for name, rows in db.inbox_by_consumer.items())
-    console.print(f"inbox: {db.inbox_rows} row(s)" + (f" ({by_consumer})" if by_consumer else ""))
-    dlq = Table(title=Text("dead letters"))
-    for name in ("TOPIC", "RECORDS", "REPLAYED"):
-        dlq.add_column(name, justify="left" if name == "TOPIC" else "right")
-    for info in report.dlq:
-        dlq.add_row(Text(info.topic), Text(str(info.records)), Text(str(info.replayed)))
-    console.print(dlq if report.dlq else "dead letters: no dead-letter topics")
+            table.add_row(*(Text(str(cell)) for cell in cells))
+    return table
+
+
+def _dead_letters(report: StatusReport) -> list[RenderableType]:
+    if isinstance(report.dlq, Unreachable):
+        return [Text(f"dead letters: unreachable: {report.dlq.cause}")]
+    read = [info for info in report.dlq if isinstance(info, DlqInfo)]
+    parts: list[RenderableType] = []
+    if read:
+        table = Table(title=Text("dead letters"))
+        for name in ("TOPIC", "RECORDS", "REPLAYED", "OLDEST"):
+            table.add_column(name, justify="left" if name == "TOPIC" else "right")
+        for info in read:
+            replayed = "?" if info.replayed is None else str(info.replayed)
+            oldest = f"{_age(info.oldest_age_s)} old" if info.oldest_age_s is not None else "-"
+            table.add_row(Text(info.topic), Text(str(info.records)), Text(replayed), Text(oldest))
+        parts.append(table)
+    for missing in report.dlq:
+        if isinstance(missing, DlqTopicUnreachable):
+            parts.append(Text(f"dead letters in {missing.topic}: unreachable: {missing.cause}"))
+    return parts or [Text("dead letters: no dead-letter topics")]

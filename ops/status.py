@@ -1,24 +1,44 @@
 """One picture of the pipeline for operators and alerts: outbox backlog, relays and their shard
-leases, consumer lag, inbox size, dead letters; and which alert thresholds it crosses.
+leases, UNKNOWN agent actions, inbox size, consumer lag, dead letters; and which alert
+thresholds it crosses.
 
-Database facts use the database clock; Kafka facts are offsets read when the report is made.
+Each section reports what its own source says. The database gives the outbox, relays, shards,
+actions and inbox sections; the broker gives consumer lag and dead letters. A source that
+cannot be read marks its sections :class:`Unreachable` (one line, never a secret) and the other
+sections are read as usual, so the report tells the most exactly when something is broken.
+
+Database facts and ages use the database clock; Kafka facts are offsets read when the report
+is made, and the age of a dead letter is measured on this machine's clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
+from outboxkit.actions.states import State
+from outboxkit.actions.tables import agent_operations
 from outboxkit.consumers.tables import inbox_events
-from outboxkit.ops.access import kafka_bounded
-from outboxkit.ops.dlq.reader import DlqReader, UnknownTopicError
+from outboxkit.ops.access import (
+    DEFAULT_TIMEOUT_S,
+    DatabaseUnreachableError,
+    OpsError,
+    database_bounded,
+    kafka_bounded,
+    ops_engine,
+    require_tables,
+)
+from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from sqlalchemy import func, or_, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 DLQ_SUFFIX = ".dlq"
@@ -28,8 +48,20 @@ TABLES = (
     outbox_shard_leases.name,
     inbox_events.name,
     dlq_replays.name,
+    agent_operations.name,
 )
+OK = "ok"
+UNREACHABLE = "unreachable"
+PARTIAL = "partial"
+MAX_CAUSE_CHARS = 300
 _PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A source, or a part of one, that could not be read; ``cause`` is one line, no secret."""
+
+    cause: str
 
 
 @dataclass
@@ -54,15 +86,34 @@ class OutboxInfo:
 
 
 @dataclass
+class ActionsInfo:
+    """Agent actions whose outcome is UNKNOWN, and the one that has been UNKNOWN the longest."""
+
+    unknown: int
+    needs_attention: int
+    oldest_unknown_ms: int | None
+    oldest_unknown_age_s: float | None
+
+
+@dataclass
+class InboxInfo:
+    """Rows of the inbox, per consumer, and how long ago each consumer last applied an event."""
+
+    rows: int
+    by_consumer: dict[str, int]
+    last_processed_age_s: dict[str, float]
+
+
+@dataclass
 class DatabaseStatus:
-    """What the database says: outbox, relays, shard leases, inbox, replay ledger."""
+    """What the database says: outbox, relays, shard leases, actions, inbox."""
 
     now_ms: int
     outbox: OutboxInfo
     relays: list[RelayInfo]
     free_shards: int
-    inbox_rows: int
-    inbox_by_consumer: dict[str, int]
+    actions: ActionsInfo
+    inbox: InboxInfo
 
 
 @dataclass
@@ -87,12 +138,25 @@ class GroupLag:
 
 @dataclass
 class DlqInfo:
-    """A dead-letter topic: records held (end minus beginning offsets), how many replayed."""
+    """A dead-letter topic: records held (end minus beginning offsets), how many replayed
+    (``None`` when the database is unreachable), and the oldest record still held."""
 
     topic: str
     records: int
-    replayed: int
+    replayed: int | None
     partitions: dict[int, int]
+    oldest_timestamp_ms: int | None = None
+    oldest_age_s: float | None = None
+    bounds: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+    """``{partition: (first offset, end offset)}``, for the replay ledger; not in the JSON."""
+
+
+@dataclass(frozen=True)
+class DlqTopicUnreachable:
+    """A dead-letter topic that could not be read (it does not exist, or the broker failed)."""
+
+    topic: str
+    cause: str
 
 
 @dataclass
@@ -105,42 +169,228 @@ class Thresholds:
     max_lag: int | None = None
 
 
+Consumers = list[GroupLag] | Unreachable
+DeadLetters = list[DlqInfo | DlqTopicUnreachable] | Unreachable
+
+
 @dataclass
 class StatusReport:
-    """The whole picture, and the thresholds it crosses."""
+    """The whole picture by source, and the thresholds it crosses."""
 
-    database: DatabaseStatus
-    consumers: list[GroupLag]
-    dlq: list[DlqInfo]
+    time_ms: int
+    database: DatabaseStatus | Unreachable
+    kafka: Unreachable | None
+    consumers: Consumers
+    dlq: DeadLetters
     crossed: list[str] = field(default_factory=list)
 
+    def unreachable(self) -> list[str]:
+        """One line per source or part that could not be read (each cause once)."""
+        lines: list[str] = []
+        # The causes of the database and the broker name them already.
+        parts: list[tuple[str, Unreachable | DlqTopicUnreachable | None]] = [
+            ("", self.database if isinstance(self.database, Unreachable) else None),
+            ("", self.kafka),
+            ("consumer lag", self.consumers if isinstance(self.consumers, Unreachable) else None),
+            ("dead letters", self.dlq if isinstance(self.dlq, Unreachable) else None),
+        ]
+        if not isinstance(self.dlq, Unreachable):
+            parts += [
+                (f"dead-letter topic {info.topic}", info)
+                for info in self.dlq
+                if isinstance(info, DlqTopicUnreachable)
+            ]
+        seen: set[str] = set()
+        for name, part in parts:
+            if part is not None and part.cause not in seen:
+                seen.add(part.cause)
+                lines.append(f"{name}: {part.cause}" if name else part.cause)
+        return lines
+
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready values."""
+        """JSON-ready values; every section has a ``status`` (``ok``, ``unreachable`` with a
+        ``cause``, or ``partial`` for dead letters some of whose topics could not be read)."""
         db = self.database
-        return {
-            "time_ms": db.now_ms,
-            "outbox": asdict(db.outbox),
-            "relays": [{**asdict(relay), "shard_count": len(relay.shards)} for relay in db.relays],
-            "shards": {
+        report: dict[str, Any] = {"time_ms": self.time_ms}
+        report["sources"] = {
+            "database": _state(db if isinstance(db, Unreachable) else None),
+            "kafka": _state(self.kafka),
+        }
+        if isinstance(db, Unreachable):
+            for name in ("outbox", "relays", "shards", "actions", "inbox"):
+                report[name] = _state(db)
+        else:
+            report["outbox"] = {**_state(None), **asdict(db.outbox)}
+            report["relays"] = {
+                **_state(None),
+                "items": [
+                    {**asdict(relay), "shard_count": len(relay.shards)} for relay in db.relays
+                ],
+            }
+            report["shards"] = {
+                **_state(None),
                 "total": SHARD_COUNT,
                 "held": SHARD_COUNT - db.free_shards,
                 "free": db.free_shards,
-            },
-            "consumers": [asdict(group) for group in self.consumers],
-            "inbox": {"rows": db.inbox_rows, "by_consumer": db.inbox_by_consumer},
-            "dlq": [
-                {**asdict(info), "partitions": {str(p): n for p, n in info.partitions.items()}}
-                for info in self.dlq
-            ],
-            "crossed": self.crossed,
-        }
+            }
+            report["actions"] = {**_state(None), **asdict(db.actions)}
+            report["inbox"] = {**_state(None), **asdict(db.inbox)}
+        if isinstance(self.consumers, Unreachable):
+            report["consumers"] = _state(self.consumers)
+        else:
+            report["consumers"] = {
+                **_state(None),
+                "groups": [asdict(group) for group in self.consumers],
+            }
+        report["dlq"] = _dlq_json(self.dlq)
+        report["crossed"] = self.crossed
+        report["unreachable"] = self.unreachable()
+        return report
+
+
+def _state(part: Unreachable | DlqTopicUnreachable | None) -> dict[str, Any]:
+    if part is None:
+        return {"status": OK}
+    return {"status": UNREACHABLE, "cause": part.cause}
+
+
+def _dlq_json(dlq: DeadLetters) -> dict[str, Any]:
+    if isinstance(dlq, Unreachable):
+        return _state(dlq)
+    topics: list[dict[str, Any]] = []
+    for info in dlq:
+        if isinstance(info, DlqTopicUnreachable):
+            topics.append({"topic": info.topic, **_state(info)})
+        else:
+            partitions = {str(p): n for p, n in info.partitions.items()}
+            values = asdict(info)
+            del values["bounds"]
+            topics.append({**_state(None), **values, "partitions": partitions})
+    partial = any(isinstance(info, DlqTopicUnreachable) for info in dlq)
+    return {"status": PARTIAL if partial else OK, "topics": topics}
+
+
+def cause_line(error: BaseException, secrets: Iterable[str] = ()) -> str:
+    """``error`` as one line for an operator: whitespace folded, each secret masked, capped."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    if len(text) > MAX_CAUSE_CHARS:
+        text = text[: MAX_CAUSE_CHARS - 1] + "…"
+    return text
+
+
+async def read_status(
+    db_url: str,
+    bootstrap: str,
+    *,
+    groups: Sequence[str] = (),
+    dlq_topics: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT_S,
+    limits: Thresholds | None = None,
+) -> StatusReport:
+    """Read every source, each bounded by ``timeout``; an unreachable one marks its sections.
+
+    Groups default to the inbox's consumer names (which need the database). A malformed
+    ``db_url`` is the caller's error and raises; an unreachable database does not.
+    """
+    given = make_url(db_url)
+    secrets = [given.password or ""]
+    time_ms = int(time.time() * 1000)
+    engine: AsyncEngine | None = None
+    missing: Unreachable | None = None
+    try:
+        engine = ops_engine(db_url, timeout)
+    except DatabaseUnreachableError as error:  # a SQLite file that does not exist
+        missing = Unreachable(cause_line(error, secrets))
+    database_task = asyncio.create_task(
+        _read_database(engine, missing, timeout, secrets, given.render_as_string(True))
+    )
+    try:
+
+        async def group_names() -> list[str] | Unreachable:
+            if groups:
+                return sorted(set(groups))
+            database = await database_task
+            if isinstance(database, Unreachable):
+                return Unreachable(
+                    "the groups are the inbox's consumer names and the database is "
+                    "unreachable: name them with --group"
+                )
+            return list(database.inbox.by_consumer)
+
+        kafka, consumers, dlq = await _read_kafka(bootstrap, timeout, group_names, dlq_topics)
+        database = await database_task
+        if engine is not None and not isinstance(database, Unreachable):
+            await _add_replayed(engine, timeout, dlq)
+    finally:
+        if not database_task.done():
+            database_task.cancel()
+        if engine is not None:
+            await engine.dispose()
+    report = StatusReport(time_ms, database, kafka, consumers, dlq)
+    report.crossed = crossed(report, limits or Thresholds())
+    return report
+
+
+async def _read_database(
+    engine: AsyncEngine | None,
+    missing: Unreachable | None,
+    timeout: float,
+    secrets: Sequence[str],
+    shown_url: str,
+) -> DatabaseStatus | Unreachable:
+    if engine is None:
+        return missing or Unreachable("no database")
+    try:
+        async with database_bounded(engine, timeout), asyncio.timeout(timeout):
+            await require_tables(engine, TABLES)
+            return await database_status(engine)
+    except OpsError as error:
+        # The URL as the operator gave it (password hidden), not the driver's spelling of it.
+        engine_url = engine.url.render_as_string(hide_password=True)
+        return Unreachable(cause_line(error, secrets).replace(engine_url, shown_url))
+
+
+async def _read_kafka(
+    bootstrap: str,
+    timeout: float,
+    group_names: Callable[[], Awaitable[list[str] | Unreachable]],
+    dlq_topics: Sequence[str],
+) -> tuple[Unreachable | None, Consumers, DeadLetters]:
+    reader = DlqReader(bootstrap, timeout)
+    try:
+        await reader.__aenter__()
+    except OpsError as error:
+        down = Unreachable(cause_line(error))
+        return down, down, down
+    try:
+        dlq: DeadLetters
+        try:
+            dlq = await dlq_counts(reader, dlq_topics)
+        except OpsError as error:
+            dlq = Unreachable(cause_line(error))
+        names = await group_names()
+        consumers: Consumers
+        if isinstance(names, Unreachable):
+            consumers = names
+        else:
+            try:
+                consumers = await group_lags(reader, names)
+            except OpsError as error:
+                consumers = Unreachable(cause_line(error))
+    finally:
+        await reader.close()
+    return None, consumers, dlq
 
 
 async def database_status(engine: AsyncEngine) -> DatabaseStatus:
-    """Read the outbox, relay, lease and inbox facts in one connection."""
+    """Read the outbox, relay, lease, action and inbox facts in one connection."""
     now = db_now_ms(engine.dialect.name)
+    ops = agent_operations.c
     async with engine.connect() as connection:
-        now_ms = int(await connection.scalar(select(now)))
+        now_ms = int(await connection.scalar(select(now)) or 0)
         backlog, oldest = (
             await connection.execute(
                 select(func.count(), func.min(outbox_events.c.created_ms)).where(_PENDING)
@@ -160,23 +410,36 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
             .order_by(outbox_shard_leases.c.shard)
         ):
             held.setdefault(row.holder, []).append(row.shard)
-        inbox = {
-            row.consumer: row.rows
-            for row in await connection.execute(
-                select(inbox_events.c.consumer, func.count().label("rows"))
+        # updated_ms is the time of the last state change: when an UNKNOWN one became UNKNOWN.
+        unknown, attention, oldest_unknown = (
+            await connection.execute(
+                select(
+                    func.count(),
+                    func.count().filter(ops.needs_attention.is_(True)),
+                    func.min(ops.updated_ms),
+                ).where(ops.state == State.UNKNOWN.value)
+            )
+        ).one()
+        inbox_rows = list(
+            await connection.execute(
+                select(
+                    inbox_events.c.consumer,
+                    func.count().label("rows"),
+                    func.max(inbox_events.c.processed_ms).label("last"),
+                )
                 .group_by(inbox_events.c.consumer)
                 .order_by(inbox_events.c.consumer)
             )
-        }
+        )
     relay_infos = []
     for relay_id in sorted(set(relays) | set(held)):
-        row = relays.get(relay_id)
+        registered = relays.get(relay_id)  # None: a lease holder that is not registered
         relay_infos.append(
             RelayInfo(
                 relay_id=relay_id,
-                host=row.host if row else None,
-                pid=row.pid if row else None,
-                heartbeat_age_s=(now_ms - row.heartbeat_ms) / 1000 if row else None,
+                host=registered.host if registered else None,
+                pid=registered.pid if registered else None,
+                heartbeat_age_s=_age_s(now_ms, registered.heartbeat_ms) if registered else None,
                 shards=held.get(relay_id, []),
             )
         )
@@ -185,14 +448,27 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
         outbox=OutboxInfo(
             backlog=int(backlog),
             oldest_created_ms=oldest,
-            oldest_age_s=(now_ms - oldest) / 1000 if oldest is not None else None,
+            oldest_age_s=_age_s(now_ms, oldest),
             parked=int(parked or 0),
         ),
         relays=relay_infos,
         free_shards=SHARD_COUNT - sum(len(shards) for shards in held.values()),
-        inbox_rows=sum(inbox.values()),
-        inbox_by_consumer=inbox,
+        actions=ActionsInfo(
+            unknown=int(unknown),
+            needs_attention=int(attention or 0),
+            oldest_unknown_ms=oldest_unknown,
+            oldest_unknown_age_s=_age_s(now_ms, oldest_unknown),
+        ),
+        inbox=InboxInfo(
+            rows=sum(int(row.rows) for row in inbox_rows),
+            by_consumer={row.consumer: int(row.rows) for row in inbox_rows},
+            last_processed_age_s={row.consumer: (now_ms - row.last) / 1000 for row in inbox_rows},
+        ),
     )
+
+
+def _age_s(now_ms: int, then_ms: int | None) -> float | None:
+    return None if then_ms is None else max(0, now_ms - then_ms) / 1000
 
 
 async def group_lags(reader: DlqReader, groups: Sequence[str]) -> list[GroupLag]:
@@ -226,30 +502,60 @@ async def group_lags(reader: DlqReader, groups: Sequence[str]) -> list[GroupLag]
 
 
 async def dlq_counts(
-    reader: DlqReader, engine: AsyncEngine, topics: Sequence[str] | None
-) -> list[DlqInfo]:
-    """Records in each dead-letter topic (``topics``, or every topic ending in ``.dlq``)."""
+    reader: DlqReader, topics: Sequence[str] | None
+) -> list[DlqInfo | DlqTopicUnreachable]:
+    """Records in each dead-letter topic (``topics``, or every topic ending in ``.dlq``) and
+    the timestamp of the oldest one still held.
+
+    A topic named in ``topics`` that does not exist, or whose offsets the broker does not
+    give, is a :class:`DlqTopicUnreachable`; the others are read all the same. The cost is
+    bounded: two offset requests and one time-index request per topic, no record is read.
+    ``replayed`` is left ``None`` (the database's part, :func:`read_status` adds it).
+    """
     existing = await reader.topics()
     if topics:
-        for name in topics:
-            if name not in existing:
-                raise UnknownTopicError(f"topic {name!r} does not exist on {reader.bootstrap}")
         chosen = sorted(set(topics))
     else:
         chosen = sorted(name for name in existing if name.endswith(DLQ_SUFFIX))
-    infos = []
+    now_ms = int(time.time() * 1000)
+    infos: list[DlqInfo | DlqTopicUnreachable] = []
     for name in chosen:
-        bounds = await reader.offsets(name, existing[name])
-        replayed = await _replayed(engine, name, bounds)
+        if name not in existing:
+            infos.append(
+                DlqTopicUnreachable(name, f"topic {name!r} does not exist on {reader.bootstrap}")
+            )
+            continue
+        try:
+            bounds = await reader.offsets(name, existing[name])
+            firsts = await reader.first_timestamps(name, bounds)
+        except OpsError as error:
+            infos.append(DlqTopicUnreachable(name, cause_line(error)))
+            continue
+        oldest = min(firsts.values(), default=None)
         infos.append(
             DlqInfo(
                 topic=name,
                 records=sum(end - first for first, end in bounds.values()),
-                replayed=replayed,
+                replayed=None,
                 partitions={p: end - first for p, (first, end) in sorted(bounds.items())},
+                oldest_timestamp_ms=oldest,
+                oldest_age_s=_age_s(now_ms, oldest),
+                bounds=bounds,
             )
         )
     return infos
+
+
+async def _add_replayed(engine: AsyncEngine, timeout: float, dlq: DeadLetters) -> None:
+    if isinstance(dlq, Unreachable):
+        return
+    for info in dlq:
+        if isinstance(info, DlqInfo):
+            try:
+                async with database_bounded(engine, timeout), asyncio.timeout(timeout):
+                    info.replayed = await _replayed(engine, info.topic, info.bounds)
+            except OpsError:
+                return  # the database went away since it was read: replayed stays unknown
 
 
 async def _replayed(engine: AsyncEngine, topic: str, bounds: dict[int, tuple[int, int]]) -> int:
@@ -274,27 +580,30 @@ async def _replayed(engine: AsyncEngine, topic: str, bounds: dict[int, tuple[int
 
 
 def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
-    """One line per threshold crossed (a value strictly above its limit)."""
+    """One line per threshold crossed (a value strictly above its limit), checked on the
+    sections that could be read: an unreachable source crosses nothing here (see
+    :meth:`StatusReport.unreachable`)."""
     lines = []
-    outbox = report.database.outbox
-    age = outbox.oldest_age_s
-    if limits.max_oldest_age_s is not None and age is not None and age > limits.max_oldest_age_s:
-        lines.append(
-            f"oldest unpublished outbox row is {age:.0f} s old "
-            f"(--max-oldest-age {limits.max_oldest_age_s:g})"
-        )
-    if limits.max_parked is not None and outbox.parked > limits.max_parked:
-        lines.append(f"{outbox.parked} parked outbox row(s) (--max-parked {limits.max_parked})")
-    if limits.max_lag is not None:
+    if not isinstance(report.database, Unreachable):
+        outbox = report.database.outbox
+        age = outbox.oldest_age_s
+        limit = limits.max_oldest_age_s
+        if limit is not None and age is not None and age > limit:
+            lines.append(
+                f"oldest unpublished outbox row is {age:.0f} s old (--max-oldest-age {limit:g})"
+            )
+        if limits.max_parked is not None and outbox.parked > limits.max_parked:
+            lines.append(f"{outbox.parked} parked outbox row(s) (--max-parked {limits.max_parked})")
+    if limits.max_lag is not None and not isinstance(report.consumers, Unreachable):
         for group in report.consumers:
             if group.total_lag > limits.max_lag:
                 lines.append(
                     f"consumer group {group.group} lags {group.total_lag} record(s) "
                     f"(--max-lag {limits.max_lag})"
                 )
-    if limits.max_dlq is not None:
+    if limits.max_dlq is not None and not isinstance(report.dlq, Unreachable):
         for info in report.dlq:
-            if info.records > limits.max_dlq:
+            if isinstance(info, DlqInfo) and info.records > limits.max_dlq:
                 lines.append(
                     f"dead-letter topic {info.topic} holds {info.records} record(s) "
                     f"(--max-dlq {limits.max_dlq})"

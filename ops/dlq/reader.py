@@ -292,6 +292,22 @@ class DlqReader:
             end = await self._consumer.end_offsets(tps)
         return {tp.partition: (first[tp], end[tp]) for tp in tps}
 
+    async def first_timestamps(
+        self, topic: str, bounds: dict[int, tuple[int, int]]
+    ) -> dict[int, int]:
+        """The timestamp of the first record each non-empty partition still holds.
+
+        One ListOffsets request for the whole topic: the broker answers "the first record at or
+        after time 0" from its time index, starting at the partition's log start, and no record
+        is read. ``bounds`` is :meth:`offsets`' answer.
+        """
+        query = {TopicPartition(topic, p): 0 for p, (first, end) in bounds.items() if end > first}
+        if not query:
+            return {}
+        async with kafka_bounded(self.bootstrap, self.timeout, f"first timestamps of {topic}"):
+            found = await self._consumer.offsets_for_times(query)
+        return {tp.partition: hit.timestamp for tp, hit in found.items() if hit is not None}
+
     async def plan(self, topic: str, wanted: DlqFilter) -> list[PartitionRange]:
         """The offset ranges a read with ``wanted`` covers, per partition, ends taken now."""
         existing = await self.partitions(topic)

@@ -1,11 +1,21 @@
-"""``outboxkit status``: its numbers are what the test set up, and thresholds set the exit code."""
+"""``outboxkit status``: its numbers are what the test set up, thresholds set the exit code, and
+a source that cannot be read (the broker, the database, one topic) marks only its own sections:
+the others still show their numbers, in text and in ``--json``, and the exit code is 3."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
+import time
+from pathlib import Path
 
-from aiokafka import TopicPartition
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from outboxkit.actions import ActionOutcomeUnknownError, ActionStore, run_action
+from outboxkit.actions import OutcomeUnknownError as ActionOutcomeUnknown
+from outboxkit.actions.tables import agent_operations
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox import Outbox, new_event
@@ -13,20 +23,28 @@ from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.leases import ShardLeases
 from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
+from tests.support.actions import sessions_for
 from tests.support.consumers import produce
-from tests.support.ops import cli, commit_offsets
+from tests.support.kafka import wait_for
+from tests.support.ops import cli, cli_process, commit_offsets
 
 PARTITION_RECORDS = 5
+UNKNOWN_FOR_MS = 300_000  # the UNKNOWN action became UNKNOWN five minutes ago
+DEAD_LETTERED_MS_AGO = 600_000  # the oldest dead letter was written ten minutes ago
+SECRET = "s3cret-pw"
+DOWN_DB = f"postgresql://postgres:{SECRET}@127.0.0.1:1/outbox"
+DOWN_BROKER = "127.0.0.1:1"
 
 
-def set_up_outbox(url: str, topic: str, consumer: str) -> None:
-    """Four pending rows, the oldest written two minutes ago, and one parked row."""
+def set_up_outbox(url: str, topic: str, consumer: str, pending: int = 4) -> None:
+    """``pending`` pending rows, the oldest written two minutes ago, and one parked row."""
     engine = make_engine(url)
     with Session(engine) as session, session.begin():
-        for n in range(5):
+        for n in range(pending + 1):
             Outbox(default_topic=topic).add(session, new_event("a", "/s", {"n": n}, id=f"e-{n}"))
     with engine.begin() as connection:
         connection.execute(
@@ -36,7 +54,7 @@ def set_up_outbox(url: str, topic: str, consumer: str) -> None:
         )
         connection.execute(
             update(outbox_events)
-            .where(outbox_events.c.event_id == "e-4")
+            .where(outbox_events.c.event_id == f"e-{pending}")
             .values(parked_ms=outbox_events.c.created_ms, attempts=10, last_error="too large")
         )
         connection.execute(
@@ -65,6 +83,37 @@ def set_up_outbox(url: str, topic: str, consumer: str) -> None:
     engine.dispose()
 
 
+async def leave_an_unknown_action(url: str) -> None:
+    """One action whose call lost its reply: UNKNOWN since ``UNKNOWN_FOR_MS`` ago.
+
+    Its events (requested, started, unknown) are marked published, as a relay would have,
+    so the outbox backlog stays what :func:`set_up_outbox` made.
+    """
+
+    async def lost_reply(_key: str) -> None:
+        raise ActionOutcomeUnknown("the payment provider did not answer")
+
+    async with sessions_for(url) as sessions:
+        with pytest.raises(ActionOutcomeUnknownError):
+            await run_action(
+                sessions, ActionStore(), lost_reply, tenant="acme", key="refund-1",
+                action_type="refund", params={"cents": 1999}, timeout=5,
+            )  # fmt: skip
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            update(agent_operations).values(
+                updated_ms=agent_operations.c.updated_ms - UNKNOWN_FOR_MS
+            )
+        )
+        connection.execute(
+            update(outbox_events)
+            .where(outbox_events.c.event_id.not_like("e-%"))
+            .values(published_ms=outbox_events.c.created_ms)
+        )
+    engine.dispose()
+
+
 async def lease_shards(url: str) -> None:
     """Two relays share the 64 shards as real relays do: 32 each after a rebalancing round."""
     engine = make_async_engine(url)
@@ -78,6 +127,19 @@ async def lease_shards(url: str) -> None:
     await engine.dispose()
 
 
+async def dead_letter(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` dead letters, the first written ``DEAD_LETTERED_MS_AGO`` ago, then newer ones."""
+    await create_topic(bootstrap, topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        first = int(time.time() * 1000) - DEAD_LETTERED_MS_AGO
+        for n in range(count):
+            await producer.send_and_wait(topic, b"x", partition=0, timestamp_ms=first + n * 1000)
+    finally:
+        await producer.stop()
+
+
 async def test_status_reports_what_was_set_up_and_thresholds_set_the_exit_code(
     pg_url: str, kafka_bootstrap: str, topic: str
 ) -> None:
@@ -86,52 +148,71 @@ async def test_status_reports_what_was_set_up_and_thresholds_set_the_exit_code(
         records = [(b"k", b"{}", []) for _ in range(PARTITION_RECORDS)]
         await produce(kafka_bootstrap, topic, records, partition=partition)
     dlq = f"{topic}.dlq"
-    await create_topic(kafka_bootstrap, dlq)
-    await produce(kafka_bootstrap, dlq, [(None, b"x", []) for _ in range(4)])
+    await dead_letter(kafka_bootstrap, dlq, 4)
     group = f"billing-{topic}"  # also the inbox's consumer name: status finds it there
     await commit_offsets(
         kafka_bootstrap, group, {TopicPartition(topic, 0): 5, TopicPartition(topic, 1): 2}
     )
     set_up_outbox(pg_url, topic, group)
+    await leave_an_unknown_action(pg_url)
     await lease_shards(pg_url)
     common = ("--db-url", pg_url, "--bootstrap", kafka_bootstrap, "--dlq", dlq)
 
     result = await cli("status", "--json", *common)
     assert result.code == 0, result.err
     report = result.json()
+    assert report["sources"] == {"database": {"status": "ok"}, "kafka": {"status": "ok"}}
+    assert report["unreachable"] == []
+    assert report["outbox"]["status"] == "ok"
     assert report["outbox"]["backlog"] == 4
     assert report["outbox"]["parked"] == 1
     assert 120 <= report["outbox"]["oldest_age_s"] < 180
-    relays = {r["relay_id"]: r for r in report["relays"]}
+    relays = {r["relay_id"]: r for r in report["relays"]["items"]}
     assert set(relays) == {"relay-a", "relay-b"}
     assert relays["relay-a"]["shards"] == list(range(32))
     assert relays["relay-b"]["shards"] == list(range(32, 64))
     assert relays["relay-b"]["pid"] == os.getpid() + 1
     assert all(0 <= r["heartbeat_age_s"] < 60 for r in relays.values())
-    assert report["shards"] == {"total": 64, "held": 64, "free": 0}
-    assert report["consumers"] == [
-        {
-            "group": group,
-            "total_lag": 3,
-            "partitions": [
-                {"topic": topic, "partition": 0, "committed": 5, "end": 5, "lag": 0},
-                {"topic": topic, "partition": 1, "committed": 2, "end": 5, "lag": 3},
-            ],
-        }
-    ]
-    assert report["inbox"] == {"rows": 3, "by_consumer": {group: 3}}
-    assert report["dlq"] == [{"topic": dlq, "records": 4, "replayed": 1, "partitions": {"0": 4}}]
+    assert report["shards"] == {"status": "ok", "total": 64, "held": 64, "free": 0}
+    actions = report["actions"]
+    assert (actions["status"], actions["unknown"], actions["needs_attention"]) == ("ok", 1, 0)
+    assert UNKNOWN_FOR_MS / 1000 <= actions["oldest_unknown_age_s"] < UNKNOWN_FOR_MS / 1000 + 60
+    assert report["consumers"] == {
+        "status": "ok",
+        "groups": [
+            {
+                "group": group,
+                "total_lag": 3,
+                "partitions": [
+                    {"topic": topic, "partition": 0, "committed": 5, "end": 5, "lag": 0},
+                    {"topic": topic, "partition": 1, "committed": 2, "end": 5, "lag": 3},
+                ],
+            }
+        ],
+    }
+    inbox = report["inbox"]
+    assert (inbox["status"], inbox["rows"], inbox["by_consumer"]) == ("ok", 3, {group: 3})
+    assert inbox["last_processed_age_s"][group] > 0
+    [dead] = report["dlq"]["topics"]
+    assert report["dlq"]["status"] == "ok"
+    assert (dead["topic"], dead["records"], dead["replayed"]) == (dlq, 4, 1)
+    assert dead["partitions"] == {"0": 4}
+    assert DEAD_LETTERED_MS_AGO / 1000 <= dead["oldest_age_s"] < DEAD_LETTERED_MS_AGO / 1000 + 60
     assert report["crossed"] == []
 
     every_dlq = (
         await cli("status", "--json", "--db-url", pg_url, "--bootstrap", kafka_bootstrap)
     ).json()
-    assert {"topic": dlq, "records": 4, "replayed": 1, "partitions": {"0": 4}} in every_dlq["dlq"]
+    same = [t for t in every_dlq["dlq"]["topics"] if t["topic"] == dlq]
+    assert [{**t, "oldest_age_s": None} for t in same] == [{**dead, "oldest_age_s": None}]
 
     text = await cli("status", *common)
-    assert text.code == 0, text.err
-    assert "backlog 4" in text.out and "parked 1" in text.out
+    assert (text.code, text.err) == (0, "")
+    assert "backlog 4, oldest unpublished 2m0" in text.out and "parked 1" in text.out
     assert "relay-a" in text.out and "0-31" in text.out and "32-63" in text.out
+    assert "actions: 1 UNKNOWN (0 flagged for a person), oldest UNKNOWN for 5m0" in text.out
+    assert f"inbox: 3 row(s) ({group} 3, last " in text.out
+    assert "10m0" in text.out  # the oldest dead letter's age
 
     within = await cli(
         "status", *common, "--max-lag", "3", "--max-parked", "1", "--max-dlq", "4",
@@ -150,3 +231,216 @@ async def test_status_reports_what_was_set_up_and_thresholds_set_the_exit_code(
         assert len(result.json()["crossed"]) == 1
     several = await cli("status", *common, "--max-lag", "0", "--max-parked", "0")
     assert several.code == 1 and len(several.err.strip().splitlines()) == 2
+
+
+async def outage_set_up(pg_url: str, kafka_bootstrap: str, topic: str) -> tuple[str, str]:
+    """Backlog 3 (the oldest two minutes old), parked 1, one UNKNOWN action, 3 inbox rows;
+    a group lagging 3 records, a dead-letter topic of 2 records. Returns (group, dlq)."""
+    await create_topic(kafka_bootstrap, topic)
+    await produce(kafka_bootstrap, topic, [(b"k", b"{}", []) for _ in range(5)])
+    dlq = f"{topic}.dlq"
+    await dead_letter(kafka_bootstrap, dlq, 2)
+    group = f"billing-{topic}"
+    await commit_offsets(kafka_bootstrap, group, {TopicPartition(topic, 0): 2})
+    set_up_outbox(pg_url, topic, group, pending=3)
+    await leave_an_unknown_action(pg_url)
+    return group, dlq
+
+
+def assert_database_numbers(report: dict, text: str) -> None:
+    """The database's sections as set up by :func:`outage_set_up`, in JSON and in text."""
+    assert report["sources"]["database"] == {"status": "ok"}
+    outbox = report["outbox"]
+    assert (outbox["status"], outbox["backlog"], outbox["parked"]) == ("ok", 3, 1)
+    assert outbox["oldest_age_s"] >= 120
+    assert report["actions"]["unknown"] == 1 and report["actions"]["oldest_unknown_age_s"] >= 300
+    assert report["inbox"]["rows"] == 3
+    assert report["relays"] == {"status": "ok", "items": []}
+    assert report["shards"]["free"] == 64
+    assert "outbox: backlog 3, oldest unpublished 2m0" in text and "parked 1" in text
+    assert "actions: 1 UNKNOWN" in text and "oldest UNKNOWN for 5m0" in text
+    assert "inbox: 3 row(s)" in text
+    assert "relays: none registered (0 of 64 shards leased)" in text
+
+
+def assert_kafka_numbers(report: dict, text: str, group: str, dlq: str) -> None:
+    """The broker's sections as set up by :func:`outage_set_up`, in JSON and in text."""
+    assert report["sources"]["kafka"] == {"status": "ok"}
+    assert report["consumers"]["status"] == "ok"
+    assert [(g["group"], g["total_lag"]) for g in report["consumers"]["groups"]] == [(group, 3)]
+    [dead] = [t for t in report["dlq"]["topics"] if t["topic"] == dlq]
+    assert (dead["status"], dead["records"]) == ("ok", 2)
+    assert dead["oldest_age_s"] >= DEAD_LETTERED_MS_AGO / 1000
+    assert "consumer lag" in text and group in text
+    assert dlq in text and "10m0" in text
+
+
+@pytest.mark.parametrize("broker", ["refused", "mute"])
+async def test_broker_down_still_reports_the_database(
+    pg_url: str, kafka_bootstrap: str, topic: str, mute_server: str, broker: str
+) -> None:
+    group, _ = await outage_set_up(pg_url, kafka_bootstrap, topic)
+    bootstrap = DOWN_BROKER if broker == "refused" else mute_server
+    common = ("--db-url", pg_url, "--bootstrap", bootstrap, "--timeout", "1")
+    why = "unreachable (connecting)" if broker == "refused" else "did not answer within 1 s"
+
+    as_json = await cli("status", "--json", *common)
+    text = await cli("status", *common)
+    for result in (as_json, text):
+        assert result.code == 3, result.err
+        assert result.seconds < 8
+        [line] = result.err.strip().splitlines()
+        assert line.startswith(f"outboxkit: unreachable: kafka at {bootstrap} ")
+        assert why in line
+    report = as_json.json()
+    assert_database_numbers(report, text.out)
+    kafka = report["sources"]["kafka"]
+    assert kafka["status"] == "unreachable" and why in kafka["cause"]
+    assert report["consumers"] == kafka and report["dlq"] == kafka
+    assert f"consumer lag: unreachable: kafka at {bootstrap} " in text.out
+    assert f"dead letters: unreachable: kafka at {bootstrap} " in text.out
+
+    # A threshold crossed on what could be read is still named, but 3 wins over 1.
+    both = await cli("status", *common, "--max-parked", "0", "--group", group)
+    assert both.code == 3
+    assert both.err.splitlines() == [
+        "outboxkit: threshold crossed: 1 parked outbox row(s) (--max-parked 0)",
+        line,
+    ]
+
+
+async def test_database_down_still_reports_lag_and_dead_letters(
+    kafka_bootstrap: str, pg_url: str, topic: str, mute_server: str
+) -> None:
+    group, dlq = await outage_set_up(pg_url, kafka_bootstrap, topic)
+    kafka = ("--bootstrap", kafka_bootstrap, "--group", group, "--dlq", dlq)
+
+    as_json = await cli("status", "--json", "--db-url", DOWN_DB, *kafka)
+    text = await cli("status", "--db-url", DOWN_DB, *kafka)
+    for result in (as_json, text):
+        assert result.code == 3, result.err
+        assert SECRET not in result.out + result.err
+        [line] = result.err.strip().splitlines()
+        assert line.startswith(
+            "outboxkit: unreachable: database postgresql://postgres:***@127.0.0.1:1/outbox "
+            "unreachable"
+        )
+    report = as_json.json()
+    assert_kafka_numbers(report, text.out, group, dlq)
+    [dead] = report["dlq"]["topics"]
+    assert dead["replayed"] is None  # the replay ledger is in the database
+    database = report["sources"]["database"]
+    assert database["status"] == "unreachable" and "127.0.0.1:1" in database["cause"]
+    for section in ("outbox", "relays", "shards", "actions", "inbox"):
+        assert report[section] == database, section
+        if section != "shards":  # the shards are in the relays' line
+            assert f"{section}: unreachable: database postgresql://postgres:***@" in text.out
+
+    # Without --group the groups come from the inbox: lag says how to get it back.
+    unnamed = await cli("status", "--json", "--db-url", DOWN_DB, "--bootstrap", kafka_bootstrap)
+    assert unnamed.code == 3
+    assert "name them with --group" in unnamed.json()["consumers"]["cause"]
+
+    host, port = mute_server.split(":")
+    hung = f"postgresql://postgres:{SECRET}@{host}:{port}/outbox"
+    silent = await cli("status", "--json", "--db-url", hung, *kafka, "--timeout", "1")
+    assert silent.code == 3 and silent.seconds < 8
+    assert "did not answer within 1 s" in silent.json()["sources"]["database"]["cause"]
+    assert_kafka_numbers(silent.json(), text.out, group, dlq)
+    assert SECRET not in silent.out + silent.err
+
+
+async def test_both_down_reports_every_section_unreachable(mute_server: str) -> None:
+    host, port = mute_server.split(":")
+    hung = f"postgresql://postgres:{SECRET}@{host}:{port}/outbox"
+    both = ("--db-url", hung, "--bootstrap", mute_server, "--group", "billing", "--timeout", "1")
+    silent = await cli("status", "--json", *both)
+    assert silent.code == 3 and silent.seconds < 8  # the two sources wait at the same time
+    report = silent.json()
+    assert SECRET not in silent.out + silent.err
+    for section in ("outbox", "relays", "shards", "actions", "inbox", "consumers", "dlq"):
+        assert report[section]["status"] == "unreachable", section
+        assert "did not answer within 1 s" in report[section]["cause"], section
+    assert len(silent.err.strip().splitlines()) == 2
+
+
+def test_both_down_reports_every_section_unreachable_as_a_process() -> None:
+    common = ("--db-url", DOWN_DB, "--bootstrap", DOWN_BROKER, "--group", "billing")
+    as_json = cli_process("status", "--json", *common)
+    text = cli_process("status", *common)
+    for result in (as_json, text):
+        assert result.code == 3, result.err
+        assert "Traceback" not in result.err and SECRET not in result.out + result.err
+        database, broker = result.err.strip().splitlines()
+        assert database.startswith("outboxkit: unreachable: database postgresql://postgres:***@")
+        assert broker.startswith(f"outboxkit: unreachable: kafka at {DOWN_BROKER} unreachable")
+    report = as_json.json()
+    assert report["unreachable"] == [
+        line[len("outboxkit: unreachable: ") :] for line in (as_json.err.strip().splitlines())
+    ]
+    for section in ("outbox", "relays", "shards", "actions", "inbox", "consumers", "dlq"):
+        assert report[section]["status"] == "unreachable", section
+    lines = text.out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "outbox", "relays", "actions", "inbox", "consumer lag", "dead letters",
+    ]  # fmt: skip
+    assert all(": unreachable: " in line for line in lines)
+
+
+async def test_one_missing_dlq_topic_is_marked_and_the_others_counted(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    group, dlq = await outage_set_up(pg_url, kafka_bootstrap, topic)
+    missing = f"{topic}.gone.dlq"
+    common = ("--db-url", pg_url, "--bootstrap", kafka_bootstrap, "--dlq", dlq, "--dlq", missing)
+
+    as_json = await cli("status", "--json", *common)
+    text = await cli("status", *common)
+    for result in (as_json, text):
+        assert result.code == 3, result.err
+        assert result.err.strip().splitlines() == [
+            f"outboxkit: unreachable: dead-letter topic {missing}: topic {missing!r} does not "
+            f"exist on {kafka_bootstrap}"
+        ]
+    report = as_json.json()
+    assert_database_numbers(report, text.out)
+    assert_kafka_numbers(report, text.out, group, dlq)
+    assert report["dlq"]["status"] == "partial"
+    assert {"topic": missing, "status": "unreachable", "cause": (
+        f"topic {missing!r} does not exist on {kafka_bootstrap}"
+    )} in report["dlq"]["topics"]  # fmt: skip
+    assert f"dead letters in {missing}: unreachable: topic {missing!r} does not exist" in text.out
+    # The replay ledger's row for offset 1 (set_up_outbox) counts: the database was read.
+    assert [t["replayed"] for t in report["dlq"]["topics"] if t["topic"] == dlq] == [1]
+
+
+async def test_watch_redraws_in_place_until_ctrl_c(
+    pg_url: str, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    await outage_set_up(pg_url, kafka_bootstrap, topic)
+    log = tmp_path / "watch.log"
+    # A terminal as rich sees one (the redraw is cursor movement), with the broker down.
+    process = start_cli(
+        ["status", "--watch", "0.5", "--db-url", pg_url, "--bootstrap", DOWN_BROKER],
+        log,
+        env={"TTY_COMPATIBLE": "1", "TERM": "xterm", "COLUMNS": "200"},
+    )
+    try:
+        frames = await wait_for(
+            lambda: log.read_text(errors="replace").count("(Ctrl-C to quit)"),
+            lambda count: count >= 2,
+            timeout=60,
+            what="two redraws of status --watch",
+        )
+        assert frames >= 2
+        process.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(process.wait, 30)
+    finally:
+        terminate(process)
+    output = log.read_text(errors="replace")
+    assert code == 0, output
+    assert "Traceback" not in output and "Unclosed" not in output
+    assert "\x1b[" in output  # redrawn in place: the cursor moves back over the last frame
+    assert "outbox: backlog 3, oldest unpublished 2m0" in output
+    assert "consumer lag: unreachable: kafka at 127.0.0.1:1 unreachable" in output
+    assert "unreachable: kafka at 127.0.0.1:1" in output
