@@ -22,8 +22,8 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from dateutil.parser import isoparse
-from outboxkit.consumers.errors import Permanent
 from outboxkit.consumers.tables import EVENT_ID_MAX, SOURCE_MAX
+from outboxkit.outbox.errors import PermanentError
 
 CE_PREFIX = "ce_"
 CONTENT_TYPE = "content-type"
@@ -39,7 +39,7 @@ _FORMAT = JSONFormat()
 Headers = Sequence[tuple[str, bytes | None]]
 
 
-class DecodeError(Permanent):
+class DecodeError(PermanentError):
     """The record cannot become a CloudEvent; retrying cannot help."""
 
 
@@ -160,7 +160,8 @@ def _parse_time(text: str) -> datetime:
     try:
         return datetime.fromisoformat(text)
     except ValueError:
-        return isoparse(text)  # the SDK's parser, for the RFC 3339 forms the stdlib refuses
+        parsed: datetime = isoparse(text)  # the SDK's parser, for RFC 3339 forms the stdlib refuses
+        return parsed
 
 
 def _is_text(content_type: str | None) -> bool:

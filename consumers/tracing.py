@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -139,7 +139,7 @@ class HandlerTelemetry:
             attributes["cloudevents.event_source"] = headers.get("ce_source")
             attributes["cloudevents.event_id"] = headers.get("ce_id")
         parent = hop or origin
-        links = [origin] if hop and origin else None
+        links: list[Mapping[str, str]] | None = [origin] if hop and origin else None
         if parent:
             return telemetry.start_span(
                 SPAN_NAME, kind="consumer", parent=parent, links=links, attributes=attributes

@@ -11,14 +11,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from outboxkit.consumers import (
-    ConsumerApp,
-    HandlerSignatureError,
-    Permanent,
-    Retryable,
-    RetryPolicy,
-    dlq_headers,
-)
+from outboxkit.consumers import ConsumerApp, HandlerSignatureError, dlq_headers
 from outboxkit.consumers.decoding import (
     InvalidAttributeError,
     InvalidJSONError,
@@ -28,7 +21,8 @@ from outboxkit.consumers.decoding import (
 )
 from outboxkit.consumers.dlq import DeadLetter, dead_letter_headers, dlq_topic_for
 from outboxkit.consumers.errors import Category, classify, safe_message
-from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox import PermanentError, RetryPolicy, TransientError, encode_binary, new_event
+from outboxkit.outbox.backoff import Backoff
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -121,7 +115,7 @@ def test_non_json_content_type_keeps_text_and_bytes() -> None:
 def test_malformed_headers_are_permanent_decode_errors(headers, error) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error):
         decode_record(headers, None, b"{}")
-    assert issubclass(error, Permanent)
+    assert issubclass(error, PermanentError)
 
 
 def test_binary_key_that_is_not_utf8_does_not_break_decoding() -> None:
@@ -140,14 +134,14 @@ def test_classification() -> None:
         Order.model_validate({"order_id": "x"})
     except ValidationError as error:
         invalid = error
-    assert classify(Retryable()) is Category.TRANSIENT
+    assert classify(TransientError()) is Category.TRANSIENT
     assert classify(TimeoutError()) is Category.TRANSIENT
     assert classify(OperationalError("SELECT", {}, Exception("gone"))) is Category.TRANSIENT
     assert classify(DBAPIError("SELECT", {}, _Orig("40001"))) is Category.TRANSIENT
     assert classify(DBAPIError("SELECT", {}, _Orig("40P01"))) is Category.TRANSIENT
     lost = DBAPIError("SELECT", {}, Exception("closed"), connection_invalidated=True)
     assert classify(lost) is Category.TRANSIENT
-    assert classify(Permanent()) is Category.PERMANENT
+    assert classify(PermanentError()) is Category.PERMANENT
     assert classify(invalid) is Category.PERMANENT
     assert classify(IntegrityError("INSERT", {}, _Orig("23505"))) is Category.UNKNOWN
     assert classify(KeyError("k")) is Category.UNKNOWN
@@ -166,12 +160,14 @@ def test_safe_messages_carry_no_payload() -> None:
     except ValueError as error:
         text = safe_message(error)
     assert "secret" not in text and "ValueError" in text
-    assert safe_message(Permanent("refund above limit\nsecond line")) == "refund above limit"
-    assert len(safe_message(Retryable("x" * 1000))) == 300
+    assert safe_message(PermanentError("refund above limit\nsecond line")) == "refund above limit"
+    assert len(safe_message(TransientError("x" * 1000))) == 300
 
 
 def test_retry_policy_is_bounded_in_attempts_and_time() -> None:
-    policy = RetryPolicy(max_attempts=4, base_delay=1.0, max_delay=5.0, max_elapsed=100.0)
+    policy = RetryPolicy(
+        max_attempts=4, backoff=Backoff(base_s=1.0, cap_s=5.0), max_elapsed_s=100.0
+    )
     rng = random.Random(7)
     delays = [policy.delay(n, rng) for n in range(1, 50)]
     assert all(0 <= d <= 5.0 for d in delays)
@@ -179,7 +175,12 @@ def test_retry_policy_is_bounded_in_attempts_and_time() -> None:
     assert policy.next_delay(3, 0.0) is not None
     assert policy.next_delay(4, 0.0) is None  # attempts exhausted
     assert policy.next_delay(1, 100.5) is None  # total time exhausted
-    assert RetryPolicy(max_elapsed=0.0, base_delay=1.0).next_delay(1, 0.0, random.Random(3)) is None
+    assert (
+        RetryPolicy(backoff=Backoff(base_s=1.0), max_elapsed_s=0.0).next_delay(
+            1, 0.0, random.Random(3)
+        )
+        is None
+    )
 
 
 def test_handler_signatures_are_checked_at_registration() -> None:
@@ -217,7 +218,7 @@ def test_dead_letter_headers_replace_earlier_ones_and_keep_the_rest() -> None:
         key=b"k",
         value=b"v",
         headers=[("ce_id", b"1"), (dlq_headers.ERROR_CLASS, b"old"), ("x", None)],
-        error_class="permanent:Permanent",
+        error_class="permanent:PermanentError",
         error_message="m",
         attempts=1,
         first_failure_ms=5,
@@ -227,7 +228,7 @@ def test_dead_letter_headers_replace_earlier_ones_and_keep_the_rest() -> None:
     assert headers[:2] == [("ce_id", b"1"), ("x", None)]
     facts = dict(headers[2:])
     assert list(facts) == list(dlq_headers.ALL)
-    assert facts[dlq_headers.ERROR_CLASS] == b"permanent:Permanent"
+    assert facts[dlq_headers.ERROR_CLASS] == b"permanent:PermanentError"
     assert facts[dlq_headers.ORIGINAL_OFFSET] == b"41"
     assert dlq_topic_for("{topic}.dlq", "orders") == "orders.dlq"
 
