@@ -126,8 +126,8 @@ def _blocks(step: _Step) -> bool:
 class Applier:
     """Applies records of ``app`` in database transactions of ``sessions``, once each.
 
-    ``on_db_commit`` (if given) is called right after each database commit that applied or
-    skipped records, before their offsets can be committed.
+    ``on_db_commit`` (if given) is called right after each database commit that claimed events
+    (new or duplicate), before their offsets can be committed.
     """
 
     def __init__(

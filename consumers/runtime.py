@@ -54,8 +54,8 @@ class ConsumerRuntime:
     the error the work failed with; ``async with`` is start/stop. ``stats`` has the counters.
     Several runtimes (processes) with the same group share the partitions.
 
-    ``on_db_commit`` is called right after each database commit that applied records, before
-    their offsets are committed: tests use it to crash at that point.
+    ``on_db_commit`` is called right after each database commit that claimed events (the
+    ``db_commits`` counter), before their offsets are committed: tests use it to crash there.
     """
 
     def __init__(

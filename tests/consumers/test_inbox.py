@@ -25,6 +25,7 @@ from tests.support.consumers import (
     count_rows,
     create_effects_table,
     effect_rows,
+    effects_app_for,
     produce,
     produce_events,
     running,
@@ -32,21 +33,6 @@ from tests.support.consumers import (
 from tests.support.kafka import wait_for
 
 DAY_MS = 86_400_000
-
-
-def effects_app_for(topic: str, name: str = "billing", **options: object) -> ConsumerApp:
-    """An app whose handler writes one ``consumer_effects`` row per application."""
-    app = ConsumerApp(name=name, retention_interval_s=None, **options)  # type: ignore[arg-type]
-
-    @app.handler(WIDGET_TYPE, topic=topic)
-    async def record(widget: Widget, event: CloudEvent, session: AsyncSession) -> None:
-        await session.execute(
-            insert(consumer_effects).values(
-                consumer=name, source=event.get_source(), event_id=event.get_id(), n=widget.n, pid=0
-            )
-        )
-
-    return app
 
 
 async def test_duplicate_is_applied_once_and_same_id_from_another_source_is_new(

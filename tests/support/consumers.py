@@ -15,16 +15,32 @@ from outboxkit.consumers import ConsumerApp, ConsumerRuntime
 from outboxkit.outbox import RetryPolicy, encode_binary, new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
 
-from tests.support.consumer_apps import WIDGET_TYPE, consumer_effects, effects_metadata
+from tests.support.consumer_apps import WIDGET_TYPE, Widget, consumer_effects, effects_metadata
 
 Header = tuple[str, bytes | None]
 RawRecord = tuple[bytes | None, bytes | None, Sequence[Header]]  # key, value, headers
 
 # Retries fast enough for tests: three attempts within a fraction of a second.
 FAST_RETRY = RetryPolicy(max_attempts=3, backoff=Backoff(base_s=0.01, cap_s=0.05), max_elapsed_s=30)
+
+
+def effects_app_for(topic: str, name: str = "billing", **options: object) -> ConsumerApp:
+    """An app on ``topic`` whose handler writes one ``consumer_effects`` row per application."""
+    app = ConsumerApp(name=name, retention_interval_s=None, **options)  # type: ignore[arg-type]
+
+    @app.handler(WIDGET_TYPE, topic=topic)
+    async def record(item: Widget, event: CloudEvent, session: AsyncSession) -> None:
+        await session.execute(
+            insert(consumer_effects).values(
+                consumer=name, source=event.get_source(), event_id=event.get_id(), n=item.n, pid=0
+            )
+        )
+
+    return app
 
 
 def widget(n: int) -> CloudEvent:
