@@ -175,10 +175,13 @@ class ConsumerRuntime:
         self._stopping = True
         self._wakeup.set()
         async with self._lifecycle:
+            if self._closed:
+                return
             if self._running is not None:
                 await asyncio.wait([self._running])
                 if not self._running.cancelled() and self._running.exception() is not None:
-                    log.error("the consumer had failed: %r", self._running.exception())
+                    error = self._running.exception()
+                    log.error("the consumer had stopped on %s", type(error).__name__)
             await self._close()
 
     async def run(self) -> None:
