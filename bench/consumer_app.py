@@ -63,7 +63,7 @@ def make_app(
     ``"none"`` a per-event handler taking the same arguments but executing no statement, which
     leaves the runtime's own work (decoding, validation, inbox claims, commits).
     """
-    app = ConsumerApp(name=name, retention_interval=None, **options)  # type: ignore[arg-type]
+    app = ConsumerApp(name=name, retention_interval_s=None, **options)  # type: ignore[arg-type]
 
     def row(item: BenchData, event: CloudEvent, applied_at: float) -> dict[str, object]:
         return {

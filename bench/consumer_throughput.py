@@ -142,8 +142,8 @@ async def runtime(
             await asyncio.sleep(0.005)
         return time.perf_counter() - started
     finally:
-        consumer.stop()
-        await asyncio.wait_for(task, 60)
+        await asyncio.wait_for(consumer.stop(), 60)
+        await task
 
 
 async def runtime_each(bootstrap: str, topic: str, url: str, expected: int) -> float:

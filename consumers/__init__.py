@@ -1,25 +1,26 @@
-"""The consumer runtime: inbox-deduplicated handlers, retries and a dead-letter topic."""
+"""The consumer runtime: inbox-deduplicated handlers, retries and a dead-letter topic.
+
+Handlers raise ``TransientError`` / ``PermanentError`` and retries follow a ``RetryPolicy``:
+the kernel's vocabulary, imported from :mod:`outboxkit.outbox`.
+"""
 
 from outboxkit.consumers.app import ConsumerApp, Handler, HandlerSignatureError
-from outboxkit.consumers.errors import ConsumerError, NoHandlerError, Permanent, Retryable
+from outboxkit.consumers.errors import ConsumerError, NoHandlerError
 from outboxkit.consumers.inbox import purge_inbox
+from outboxkit.consumers.metrics import ConsumerStats
 from outboxkit.consumers.records import KafkaRecord
-from outboxkit.consumers.retry import RetryPolicy
-from outboxkit.consumers.runtime import ConsumerRuntime, Stats
+from outboxkit.consumers.runtime import ConsumerRuntime
 from outboxkit.consumers.tables import inbox_events
 
 __all__ = [
     "ConsumerApp",
     "ConsumerError",
     "ConsumerRuntime",
+    "ConsumerStats",
     "Handler",
     "HandlerSignatureError",
     "KafkaRecord",
     "NoHandlerError",
-    "Permanent",
-    "RetryPolicy",
-    "Retryable",
-    "Stats",
     "inbox_events",
     "purge_inbox",
 ]

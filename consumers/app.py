@@ -30,17 +30,17 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Literal
 
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers.dlq import DEFAULT_DLQ_TOPIC
-from outboxkit.consumers.inbox import DEFAULT_RETENTION
+from outboxkit.consumers.inbox import DEFAULT_RETENTION_S
 from outboxkit.consumers.metrics import HANDLER_SECONDS
 from outboxkit.consumers.records import KafkaRecord
-from outboxkit.consumers.retry import RetryPolicy
 from outboxkit.consumers.tables import CONSUMER_MAX
+from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.retry import RetryPolicy
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -150,8 +150,12 @@ class ConsumerApp:
     ``group``: the Kafka consumer group (default: ``name``).
     ``dlq_topic``: dead-letter topic pattern; ``{topic}`` is the record's topic.
     ``unhandled``: what to do with an event no handler takes: ``"skip"`` or ``"dead-letter"``.
-    ``retry``: backoff and bounds for failed attempts.
-    ``inbox_retention``: how long claims are kept; ``retention_interval``: how often the
+    ``retry``: backoff and bounds for failed attempts of a record; keep its ``max_elapsed_s``
+    well below aiokafka's ``max_poll_interval_ms`` (300 s), or Kafka takes the partitions away.
+    ``dlq_retry``: the backoff while the dead-letter topic is unreachable (its bounds are
+    ignored: nothing is committed until the letters are delivered); ``dlq_timeout_s``: how
+    long one delivery may take before it counts as failed.
+    ``inbox_retention_s``: how long claims are kept; ``retention_interval_s``: how often the
     runtime removes older ones (``None`` disables the periodic task).
     ``max_batch``: records fetched at once; one partition's records of a batch share a
     transaction.
@@ -165,11 +169,13 @@ class ConsumerApp:
     unhandled: Unhandled = "skip"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     dlq_retry: RetryPolicy = field(
-        default_factory=lambda: RetryPolicy(max_attempts=2**31, base_delay=0.5, max_delay=30.0)
+        default_factory=lambda: RetryPolicy(
+            max_attempts=2**31, backoff=Backoff(base_s=0.5, cap_s=30.0)
+        )
     )
-    dlq_timeout: float = 10.0
-    inbox_retention: timedelta = DEFAULT_RETENTION
-    retention_interval: timedelta | None = timedelta(hours=1)
+    dlq_timeout_s: float = 10.0
+    inbox_retention_s: float = DEFAULT_RETENTION_S
+    retention_interval_s: float | None = 3600.0
     max_batch: int = 500
     consumer_options: dict[str, Any] = field(default_factory=dict)
     producer_options: dict[str, Any] = field(default_factory=dict)
@@ -182,6 +188,10 @@ class ConsumerApp:
             raise ValueError("unhandled must be 'skip' or 'dead-letter'")
         if self.max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if self.dlq_timeout_s <= 0 or self.inbox_retention_s < 0:
+            raise ValueError("dlq_timeout_s must be positive and inbox_retention_s not negative")
+        if self.retention_interval_s is not None and self.retention_interval_s <= 0:
+            raise ValueError("retention_interval_s must be positive (or None)")
         if "{topic}" not in self.dlq_topic and not _TOPIC_NAME.match(self.dlq_topic):
             raise ValueError(f"invalid dead-letter topic {self.dlq_topic!r}")
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.v1.event import CloudEvent
-from dateutil.parser import isoparse  # type: ignore[import-untyped]
-from outboxkit.consumers.errors import Permanent
+from dateutil.parser import isoparse
 from outboxkit.consumers.tables import EVENT_ID_MAX, SOURCE_MAX
+from outboxkit.outbox.errors import PermanentError
 
 CE_PREFIX = "ce_"
 CONTENT_TYPE = "content-type"
@@ -52,7 +52,7 @@ _INT32 = range(-(2**31), 2**31)
 Headers = Sequence[tuple[str, bytes | None]]
 
 
-class DecodeError(Permanent):
+class DecodeError(PermanentError):
     """The record cannot become a CloudEvent; retrying cannot help."""
 
 

@@ -3,26 +3,60 @@
 The record format (header names and :class:`DeadLetter`) is in
 :mod:`outboxkit.consumers.dlq_headers`. Delivery uses an idempotent producer
 (``acks=all``) and waits for the broker's acknowledgement, because the source offset is
-committed only after it.
+committed only after it; :class:`DeadLetterDelivery` keeps trying while the topic is unreachable.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka.errors import KafkaError
 from outboxkit.consumers.dlq_headers import DeadLetter
+from outboxkit.consumers.errors import error_class, safe_message
+from outboxkit.consumers.metrics import ConsumerStats
+from outboxkit.outbox.retry import RetryPolicy
 
 __all__ = [
     "DEFAULT_DLQ_TOPIC",
     "DeadLetter",
+    "DeadLetterDelivery",
     "DeadLetterPublisher",
+    "dead_letter_for",
     "dlq_topic_for",
 ]
 
+log = logging.getLogger("outboxkit.consumer")
+
 DEFAULT_DLQ_TOPIC = "{topic}.dlq"
+
+
+def dead_letter_for(
+    record: ConsumerRecord,
+    category: str,
+    error: BaseException,
+    attempts: int,
+    first_ms: int,
+    last_ms: int,
+) -> DeadLetter:
+    """The dead letter of ``record``, which failed ``attempts`` times as ``category``."""
+    return DeadLetter(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        timestamp=record.timestamp,
+        key=record.key,
+        value=record.value,
+        headers=tuple(record.headers or ()),
+        error_class=error_class(category, error),
+        error_message=safe_message(error),
+        attempts=attempts,
+        first_failure_ms=first_ms,
+        last_failure_ms=last_ms,
+    )
 
 
 def dlq_topic_for(pattern: str, topic: str) -> str:
@@ -38,12 +72,12 @@ class DeadLetterPublisher:
         bootstrap: str,
         group: str,
         topic_pattern: str = DEFAULT_DLQ_TOPIC,
-        timeout: float = 10.0,
+        timeout_s: float = 10.0,
         producer_options: dict[str, Any] | None = None,
     ) -> None:
         self.group = group
         self.topic_pattern = topic_pattern
-        self.timeout = timeout
+        self.timeout_s = timeout_s
         options: dict[str, Any] = {"client_id": f"outboxkit-dlq-{group}"}
         options.update(producer_options or {})
         options.update(enable_idempotence=True, acks="all")
@@ -60,14 +94,14 @@ class DeadLetterPublisher:
     async def publish(self, letters: Iterable[DeadLetter]) -> None:
         """Send ``letters`` and return once every one is acknowledged; raise otherwise.
 
-        Raises the producer's error, or :class:`TimeoutError` after ``timeout`` seconds. A
+        Raises the producer's error, or :class:`TimeoutError` after ``timeout_s`` seconds. A
         letter acknowledged before a failure may be sent again by the caller's retry: the
         dead-letter topic is at-least-once, like every Kafka topic.
         """
         letters = list(letters)
         if not letters:
             return
-        async with asyncio.timeout(self.timeout):
+        async with asyncio.timeout(self.timeout_s):
             futures = [
                 await self._producer.send(
                     dlq_topic_for(self.topic_pattern, _topic_of(letter)),
@@ -84,3 +118,69 @@ def _topic_of(letter: DeadLetter) -> str:
     if letter.topic is None:
         raise ValueError("a dead letter needs the topic of its original record")
     return letter.topic
+
+
+class DeadLetterDelivery:
+    """Delivers the dead letters of a runtime, retrying while the topic is unreachable.
+
+    ``retry`` spaces the attempts (its bounds are not used: the source offsets stay uncommitted
+    until the letters are delivered, however long that takes). Delivered letters are counted
+    in ``stats``.
+    """
+
+    def __init__(
+        self, publisher: DeadLetterPublisher, retry: RetryPolicy, stats: ConsumerStats
+    ) -> None:
+        self.publisher = publisher
+        self._retry = retry
+        self._stats = stats
+        self._down = False
+
+    async def deliver(
+        self, letters: list[DeadLetter], pause: Callable[[float], Awaitable[bool]]
+    ) -> bool:
+        """Dead-letter ``letters``, retrying while the topic is unreachable.
+
+        ``pause(seconds)`` waits between attempts and says whether to go on. ``False`` when
+        given up because of a stop or a revocation; nothing may be committed then.
+        """
+        if not letters:
+            return True
+        failures = 0
+        while True:
+            try:
+                await self.publisher.publish(letters)
+            except (KafkaError, TimeoutError, OSError) as error:
+                failures += 1
+                self._stats.dlq_failures += 1
+                if not self._down:
+                    self._down = True
+                    log.error(
+                        "dead-letter topic unreachable (%s); retrying, offsets not committed",
+                        type(error).__name__,
+                    )
+                if not await pause(self._retry.delay(failures)):
+                    return False
+                continue
+            if self._down:
+                self._down = False
+                log.info("dead-letter topic reachable again")
+            self._counted(letters)
+            return True
+
+    def _counted(self, letters: list[DeadLetter]) -> None:
+        self._stats.dead_lettered += len(letters)
+        by_class = self._stats.dead_lettered_by_class
+        for letter in letters:
+            error = letter.error_class or "-"
+            by_class[error] = by_class.get(error, 0) + 1
+        listed = ", ".join(f"@{x.offset} {x.error_class}" for x in letters[:10])
+        more = f" and {len(letters) - 10} more" if len(letters) > 10 else ""
+        log.warning(
+            "dead-lettered %d record(s) of %s[%d]: %s%s",
+            len(letters),
+            letters[0].topic,
+            letters[0].partition,
+            listed,
+            more,
+        )

@@ -1,7 +1,9 @@
-"""Errors a handler raises on purpose, and the classification of every other failure.
+"""The classification of every failure of a record, and the consumer's own errors.
 
-A failure is either *permanent* (retrying cannot help: the record goes to the dead-letter topic
-at once) or retried with backoff up to a bound. Exceptions outboxkit does not know are retried
+A handler raises :class:`~outboxkit.outbox.errors.TransientError` ("retry this") or
+:class:`~outboxkit.outbox.errors.PermanentError` ("never retry this") on purpose. A failure is
+either *permanent* (retrying cannot help: the record goes to the dead-letter topic at once) or
+retried with backoff up to a bound. Exceptions outboxkit does not know are retried
 like transient ones, so a bug in a handler costs a few attempts before its record is
 dead-lettered as ``exhausted:<Exception>``.
 """
@@ -13,7 +15,7 @@ import traceback
 from enum import StrEnum
 from pathlib import Path
 
-from outboxkit.outbox.errors import OutboxError
+from outboxkit.outbox.errors import OutboxError, PermanentError, TransientError
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -23,18 +25,7 @@ MAX_MESSAGE_CHARS = 300
 _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
 
 
-class Retryable(Exception):
-    """Raised by a handler for a failure that may pass on another attempt (retried, bounded)."""
-
-
-class Permanent(Exception):
-    """Raised by a handler for a record that can never succeed: it is dead-lettered at once.
-
-    Subclass it to name the reason; the class name appears in the dead-letter headers.
-    """
-
-
-class NoHandlerError(Permanent):
+class NoHandlerError(PermanentError):
     """No handler takes this event type on this topic (dead-lettered when so configured)."""
 
 
@@ -52,9 +43,9 @@ class Category(StrEnum):
 
 def classify(error: BaseException) -> Category:
     """Return whether ``error`` is permanent, transient, or unknown (retried like transient)."""
-    if isinstance(error, Permanent | ValidationError):
+    if isinstance(error, PermanentError | ValidationError):
         return Category.PERMANENT
-    if isinstance(error, Retryable | asyncio.TimeoutError | ConnectionError):
+    if isinstance(error, TransientError | asyncio.TimeoutError | ConnectionError):
         return Category.TRANSIENT
     if isinstance(error, OperationalError):
         return Category.TRANSIENT
@@ -76,7 +67,7 @@ def safe_message(error: BaseException) -> str:
     """A short description of ``error`` that carries no payload and no secret.
 
     Only exceptions whose text outboxkit or the handler author controls keep their message:
-    ``Retryable``/``Permanent`` (and the decoding errors, which are ``Permanent``) and pydantic
+    ``TransientError``/``PermanentError`` (the decoding errors are permanent ones) and pydantic
     validation errors, summarised without their input values. Database errors give their class
     and SQLSTATE (a PostgreSQL message may quote the offending value). Any other exception gives
     only its class and where it was raised, since messages like ``invalid literal for int():
@@ -88,7 +79,7 @@ def safe_message(error: BaseException) -> str:
             for item in error.errors(include_url=False, include_context=False, include_input=False)
         )
         text = f"{error.error_count()} validation error(s) for {error.title}: {problems}"
-    elif isinstance(error, Retryable | Permanent):
+    elif isinstance(error, TransientError | PermanentError):
         lines = str(error).strip().splitlines()
         text = lines[0] if lines else type(error).__name__
     elif isinstance(error, DBAPIError):

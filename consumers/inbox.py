@@ -4,12 +4,14 @@ A claim is an ``INSERT ... ON CONFLICT DO NOTHING`` of ``(consumer, source, even
 transaction that applies the event's effect, so the claim and the effect commit or roll back
 together. A claim that inserts nothing means the event was applied before: it is skipped.
 :func:`claim_many` claims a whole chunk of events in one statement per ``CLAIM_CHUNK`` keys.
+:func:`purge_inbox` forgets old claims; :func:`retain_inbox` runs it periodically for a runtime.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
-from datetime import timedelta
 
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.outbox.clock import db_now_ms
@@ -18,7 +20,9 @@ from sqlalchemy import Insert, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-DEFAULT_RETENTION = timedelta(days=7)
+log = logging.getLogger("outboxkit.consumer")
+
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_PURGE_CHUNK = 5_000
 # Keys per claim statement. SQLite binds three parameters per row and older builds allow 999;
 # PostgreSQL binds two arrays whatever the count, the bound only keeps statements short.
@@ -29,7 +33,7 @@ Key = tuple[str, str]
 
 def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str) -> Insert:
     """The idempotent INSERT of one inbox row; it returns a row only when it inserted one."""
-    return (
+    statement: Insert = (
         dialect_insert(dialect_name)(inbox_events)
         .values(
             consumer=consumer,
@@ -40,6 +44,7 @@ def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str
         .on_conflict_do_nothing(index_elements=["consumer", "source", "event_id"])
         .returning(inbox_events.c.processed_ms)
     )
+    return statement
 
 
 async def claim(session: AsyncSession, consumer: str, source: str, event_id: str) -> bool:
@@ -59,6 +64,7 @@ def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) 
     """
     supported(dialect_name)
     columns = inbox_events.c
+    statement: postgresql.Insert | sqlite.Insert
     if dialect_name == "postgresql":
         rows = (
             func.unnest(
@@ -112,19 +118,19 @@ async def purge_inbox(
     engine: AsyncEngine,
     *,
     consumer: str | None = None,
-    older_than: timedelta = DEFAULT_RETENTION,
+    older_than_s: float = DEFAULT_RETENTION_S,
     chunk_size: int = DEFAULT_PURGE_CHUNK,
 ) -> int:
-    """Delete inbox rows processed more than ``older_than`` ago; return how many went.
+    """Delete inbox rows processed more than ``older_than_s`` seconds ago; return how many went.
 
     It deletes at most ``chunk_size`` rows per transaction, so it never holds long locks.
     ``consumer`` limits it to one consumer's rows. The cut-off comes from the database clock.
     A redelivery of an event whose row was purged is applied again: keep the window longer
     than any redelivery you expect (consumer lag, replays from the dead-letter topic).
     """
-    if chunk_size < 1:
-        raise ValueError("chunk_size must be at least 1")
-    window_ms = int(older_than.total_seconds() * 1000)
+    if chunk_size < 1 or older_than_s < 0:
+        raise ValueError("chunk_size must be at least 1 and older_than_s not negative")
+    window_ms = int(older_than_s * 1000)
     columns = inbox_events.c
     key = tuple_(columns.consumer, columns.source, columns.event_id)
     removed = 0
@@ -142,3 +148,27 @@ async def purge_inbox(
         removed += count
         if count < chunk_size:
             return removed
+
+
+async def retain_inbox(
+    engine: AsyncEngine, *, consumer: str, retention_s: float, interval_s: float
+) -> None:
+    """Purge ``consumer``'s claims older than ``retention_s`` every ``interval_s``, until cancelled.
+
+    A failed purge is logged once (not on every attempt) and tried again at the next interval.
+    """
+    failing = False
+    while True:
+        try:
+            removed = await purge_inbox(engine, consumer=consumer, older_than_s=retention_s)
+        except Exception as error:
+            if not failing:
+                failing = True
+                log.warning("inbox retention failed (%s); will retry", type(error).__name__)
+        else:
+            if failing:
+                failing = False
+                log.info("inbox retention works again")
+            if removed:
+                log.info("inbox retention removed %d entries", removed)
+        await asyncio.sleep(interval_s)

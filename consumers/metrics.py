@@ -1,11 +1,11 @@
 """Prometheus metrics of the consumer runtime (served with ``outboxkit consume --metrics-port``).
 
-Counters are read from the runtime's own :class:`Stats` at scrape time, so
-the hot path pays nothing for them; the handler duration is a histogram observed per call, and
-the time from an event's ``time`` to the commit of its effect is observed per applied event once
-its transaction committed (see :mod:`.tracing`). The lag per partition is computed at
-scrape time from the consumer's high watermark and the runtime's :class:`Positions`.
-Labels hold the consumer name, topics, partitions, event types and error classes only.
+Counters are read from the runtime's own :class:`ConsumerStats` at scrape time, so the hot
+path pays nothing for them; the handler duration is a histogram observed per call, and the
+time from an event's ``time`` to the commit of its effect is observed per applied event once
+its transaction committed (see :mod:`.tracing`). The lag per partition is computed at scrape
+time from the consumer's high watermark and the runtime's :class:`Positions`. Labels hold the
+consumer name, topics, partitions, event types and error classes only.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -38,6 +39,26 @@ COMMIT_TO_EFFECT = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
 
+
+@dataclass
+class ConsumerStats:
+    """Counters of one :class:`ConsumerRuntime` (``runtime.stats``), logged when it stops."""
+
+    received: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    unhandled: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    dlq_failures: int = 0
+    db_commits: int = 0
+    offset_commits: int = 0
+    dead_lettered_by_class: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
 _COUNTERS = (
     ("outboxkit_consumer_processed", "Events whose effect committed.", "applied"),
     ("outboxkit_consumer_duplicates", "Redeliveries skipped by the inbox.", "duplicates"),
@@ -55,9 +76,9 @@ class RuntimeCollector(Collector):
         """One family per counter, read from the runtime's stats now, and the lag gauge."""
         name = self.runtime.app.name
         stats = self.runtime.stats
-        for metric, help_text, field in _COUNTERS:
+        for metric, help_text, attribute in _COUNTERS:
             family = CounterMetricFamily(metric, help_text, labels=["consumer"])
-            family.add_metric([name], getattr(stats, field))
+            family.add_metric([name], getattr(stats, attribute))
             yield family
         letters = CounterMetricFamily(
             "outboxkit_consumer_dead_lettered",

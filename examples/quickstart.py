@@ -64,7 +64,7 @@ class OrderPlaced(BaseModel):
     total: str
 
 
-billing = ConsumerApp(name="billing", retention_interval=None)
+billing = ConsumerApp(name="billing", retention_interval_s=None)
 
 
 @billing.handler("shop.order.placed", topic=TOPIC)
@@ -155,7 +155,7 @@ async def consume(db_url: str, bootstrap: str, records: list) -> None:
             f"{count_rows(db_url, invoices)}"
         )
     finally:
-        runtime.stop()
+        await runtime.stop()
         await running
 
 

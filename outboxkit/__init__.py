@@ -8,25 +8,35 @@ applies them once, ``outboxkit.actions`` runs an agent's side effects at most on
 """
 
 from outboxkit.actions import ActionStore, State, operation_key, run_action
-from outboxkit.consumers import ConsumerApp, ConsumerRuntime, Permanent, Retryable, RetryPolicy
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats
 from outboxkit.migrations import upgrade
-from outboxkit.outbox import InvalidEventError, Outbox, OutboxError, new_event, new_event_id
+from outboxkit.outbox import (
+    InvalidEventError,
+    Outbox,
+    OutboxError,
+    PermanentError,
+    RetryPolicy,
+    TransientError,
+    new_event,
+    new_event_id,
+)
 from outboxkit.relay import Relay, RelayOptions, RelayStats
 
 __all__ = [
     "ActionStore",
     "ConsumerApp",
     "ConsumerRuntime",
+    "ConsumerStats",
     "InvalidEventError",
     "Outbox",
     "OutboxError",
-    "Permanent",
+    "PermanentError",
     "Relay",
     "RelayOptions",
     "RelayStats",
     "RetryPolicy",
-    "Retryable",
     "State",
+    "TransientError",
     "new_event",
     "new_event_id",
     "operation_key",

@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from outboxkit.actions.events import STARTED
-from outboxkit.consumers import ConsumerApp, Permanent, Retryable
+from outboxkit.consumers import ConsumerApp
 from outboxkit.consumers.tracing import HandlerTelemetry
-from outboxkit.outbox import Outbox, new_event, telemetry
+from outboxkit.outbox import Outbox, PermanentError, TransientError, new_event, telemetry
 from outboxkit.outbox.db import make_engine
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.testing.kafka import create_topic
@@ -68,7 +68,7 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
     await Relay(pg_url, kafka_bootstrap, RELAY_OPTIONS).drain(timeout=60)
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
 
-    app = ConsumerApp(name="billing", retention_interval=None)
+    app = ConsumerApp(name="billing", retention_interval_s=None)
     current_in_handler: list[trace.SpanContext] = []
 
     @app.handler("order.placed", topic=topic)
@@ -129,10 +129,10 @@ async def test_retries_dead_letters_rollbacks_and_duplicates_show_on_consume_spa
         records.append((key, value, headers))
     await produce(kafka_bootstrap, topic, records)
 
-    app = ConsumerApp(name="shipping", retry=FAST_RETRY, retention_interval=None)
+    app = ConsumerApp(name="shipping", retry=FAST_RETRY, retention_interval_s=None)
     flaky_calls: list[int] = []
 
-    class OrderRejected(Permanent):
+    class OrderRejected(PermanentError):
         """The poison record can never be shipped."""
 
     async def fine(event: CloudEvent) -> None:
@@ -144,7 +144,7 @@ async def test_retries_dead_letters_rollbacks_and_duplicates_show_on_consume_spa
     async def flaky(event: CloudEvent) -> None:
         flaky_calls.append(1)
         if len(flaky_calls) == 1:
-            raise Retryable(f"try again {MARKER}")
+            raise TransientError(f"try again {MARKER}")
 
     for name, handler in (("ok1", fine), ("poison", poison), ("flaky", flaky)):
         app.handler(f"order.{name}", topic=topic)(handler)
@@ -197,9 +197,9 @@ async def test_retries_dead_letters_rollbacks_and_duplicates_show_on_consume_spa
 
     failed, retried = found["flaky"]
     assert [s.attributes["outboxkit.attempt"] for s in (failed, retried)] == [1, 2]
-    assert events_of(failed) == [("consume.retry", {"attempt": 1, "error.type": "Retryable"})]
+    assert events_of(failed) == [("consume.retry", {"attempt": 1, "error.type": "TransientError"})]
     assert failed.status.status_code is StatusCode.ERROR
-    assert failed.status.description == "Retryable"
+    assert failed.status.description == "TransientError"
     assert not retried.events and retried.status.status_code is StatusCode.UNSET
     assert_no_marker(spans)
 
@@ -251,14 +251,14 @@ async def test_a_batch_handler_call_gives_each_event_its_span_and_a_failed_batch
             hops[f"b-{n}"] = hop.get_span_context().span_id
     await produce(kafka_bootstrap, topic, records)
 
-    app = ConsumerApp(name="batcher", retry=FAST_RETRY, retention_interval=None)
+    app = ConsumerApp(name="batcher", retry=FAST_RETRY, retention_interval_s=None)
     calls: list[list[str]] = []
 
     @app.batch_handler("widget.created", topic=topic)
     async def record_all(events: list[CloudEvent], session: AsyncSession) -> None:
         calls.append([e.get_id() for e in events])
         if len(calls) == 1:
-            raise Retryable("first batch call fails")  # the culprit is unknown: all go alone
+            raise TransientError("first batch call fails")  # the culprit is unknown: all go alone
 
     async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
         await wait_for(

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, RetryPolicy
+from outboxkit.consumers import ConsumerApp
+from outboxkit.outbox import RetryPolicy
+from outboxkit.outbox.backoff import Backoff
 from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -37,10 +39,10 @@ class Step(BaseModel):
 
 app = ConsumerApp(
     name="chaos",
-    retry=RetryPolicy(max_attempts=20, base_delay=0.05, max_delay=1.0, max_elapsed=120),
+    retry=RetryPolicy(max_attempts=20, backoff=Backoff(base_s=0.05, cap_s=1.0), max_elapsed_s=120),
     # A SIGKILLed member is noticed after the session timeout: keep it short for the run.
     consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
-    retention_interval=None,
+    retention_interval_s=None,
 )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import TopicPartition
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, HandlerSignatureError, Permanent, Retryable
+from outboxkit.consumers import ConsumerApp, HandlerSignatureError
+from outboxkit.outbox import PermanentError, TransientError
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -32,7 +33,7 @@ def batch_app(
 ) -> ConsumerApp:
     """Writes all rows of a batch in one statement, then raises the next error queued for any
     widget of the batch (after the write, so a failed call must roll the whole batch back)."""
-    app = ConsumerApp(name="ledger", retry=FAST_RETRY, retention_interval=None)
+    app = ConsumerApp(name="ledger", retry=FAST_RETRY, retention_interval_s=None)
 
     @app.batch_handler(WIDGET_TYPE, topic=topic)
     async def record(
@@ -91,8 +92,8 @@ async def test_one_bad_event_in_a_batch_is_dead_lettered_and_the_rest_applied_on
     await create_topic(kafka_bootstrap, topic)
     await produce(kafka_bootstrap, topic, [binary_record(widget(n)) for n in range(50)])
     fail: dict[int, list[BaseException]] = {
-        17: [Permanent("widget 17 refused")] * 3,  # in the batch call, then on its own
-        30: [Retryable("ledger busy")],  # passes on its second attempt
+        17: [PermanentError("widget 17 refused")] * 3,  # in the batch call, then on its own
+        30: [TransientError("ledger busy")],  # passes on its second attempt
     }
     calls: list[list[int]] = []
     async with running(batch_app(topic, fail, calls), pg_url, kafka_bootstrap) as (runtime, task):

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from aiokafka import ConsumerRecord
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, KafkaRecord, Permanent
+from outboxkit.consumers import ConsumerApp, KafkaRecord
 from outboxkit.consumers.decoding import (
     InvalidAttributeError,
     InvalidJSONError,
@@ -32,6 +32,7 @@ from outboxkit.consumers.decoding import (
     UnsupportedFormatError,
     decode_record,
 )
+from outboxkit.outbox import PermanentError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 REQUIRED = {"specversion": "1.0", "id": "evt-1", "source": "/conformance", "type": "conf.tested"}
@@ -408,4 +409,4 @@ def test_decode_errors_are_permanent() -> None:
         MissingAttributesError,
         UnsupportedFormatError,
     ):
-        assert issubclass(error, Permanent)
+        assert issubclass(error, PermanentError)

@@ -1,8 +1,9 @@
 """A consumer process killed between its database commit and its offset commit, then restarted.
 
-The crash point is made deterministic by the runtime's test-only hook: with
-``OUTBOXKIT_TEST_CRASH_AFTER_COMMIT=N`` the process SIGKILLs itself right after its Nth database
-commit, before committing the matching Kafka offsets (see ``consumers/runtime.py``).
+The crash point is deterministic: the first process (:mod:`tests.support.crashing_consumer`)
+passes the runtime an ``on_db_commit`` hook that SIGKILLs it right after its first database
+commit, before any offset is committed, and fetches at most ``CRASH_BATCH`` records at once, so
+that commit (with any other partition's commit already under way) covers only some events.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from outboxkit.cli.main import main
-from outboxkit.consumers.runtime import CRASH_AFTER_COMMIT_ENV
 from outboxkit.outbox import new_event
 from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.processes import start_cli, terminate
 
+from tests.support import crashing_consumer
 from tests.support.consumer_apps import WIDGET_TYPE
 from tests.support.consumers import (
     committed_offsets,
@@ -29,6 +30,7 @@ from tests.support.consumers import (
 from tests.support.kafka import wait_for
 
 EVENTS = 300
+CRASH_BATCH = 50
 
 
 def consume_args(db_url: str, bootstrap: str, group: str) -> list[str]:
@@ -58,7 +60,15 @@ async def test_redelivery_after_a_crash_between_db_commit_and_offset_commit_is_s
     args = consume_args(pg_url, kafka_bootstrap, group)
     env = {"OUTBOXKIT_TEST_TOPIC": topic}
 
-    crashing = start_cli(args, tmp_path / "first.log", env={**env, CRASH_AFTER_COMMIT_ENV: "2"})
+    crashing = crashing_consumer.start(
+        pg_url,
+        kafka_bootstrap,
+        group,
+        after=1,
+        max_batch=CRASH_BATCH,
+        topic=topic,
+        log=tmp_path / "first.log",
+    )
     try:
         code = await asyncio.to_thread(crashing.wait, 90)
     finally:
@@ -66,8 +76,8 @@ async def test_redelivery_after_a_crash_between_db_commit_and_offset_commit_is_s
     assert code == -signal.SIGKILL, (tmp_path / "first.log").read_text()
     applied = len(effect_rows(pg_url))
     committed = sum((await committed_offsets(kafka_bootstrap, group)).values())
-    # The second database commit has effects whose offsets were never committed.
-    assert committed < applied < EVENTS
+    # Effects of one fetch are in the database; not one offset reached Kafka.
+    assert committed == 0 and 0 < applied <= CRASH_BATCH
 
     restarted = start_cli(args, tmp_path / "second.log", env=env)
     try:
@@ -88,7 +98,7 @@ async def test_redelivery_after_a_crash_between_db_commit_and_offset_commit_is_s
     stopped = re.search(r"stopped: .*duplicates=(\d+)", log)
     assert stopped is not None, log
     # Exactly the records applied but not committed before the crash came back, and were skipped.
-    assert int(stopped.group(1)) == applied - committed
+    assert int(stopped.group(1)) == applied
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from outboxkit.consumers import Permanent
 from outboxkit.consumers.decoding import (
     InvalidAttributeError,
     InvalidJSONError,
@@ -18,7 +17,7 @@ from outboxkit.consumers.decoding import (
     NotACloudEventError,
     decode_record,
 )
-from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox import PermanentError, encode_binary, new_event
 
 
 def binary(event: CloudEvent) -> tuple[list[tuple[str, bytes | None]], bytes | None, bytes]:
@@ -103,7 +102,7 @@ def test_non_json_content_type_keeps_text_and_bytes() -> None:
 def test_malformed_headers_are_permanent_decode_errors(headers, error) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error):
         decode_record(headers, b"{}")
-    assert issubclass(error, Permanent)
+    assert issubclass(error, PermanentError)
 
 
 _TIMES = st.datetimes(

@@ -41,7 +41,7 @@ LETTER = DeadLetter(
     key=b"k",
     value=b"v",
     headers=[("ce_id", b"1"), (dlq_headers.ERROR_CLASS, b"old"), ("x", None)],
-    error_class="permanent:Permanent",
+    error_class="permanent:PermanentError",
     error_message="m",
     attempts=1,
     first_failure_ms=5,
@@ -54,7 +54,7 @@ def test_dead_letter_headers_replace_earlier_ones_and_keep_the_rest() -> None:
     assert headers[:2] == [("ce_id", b"1"), ("x", None)]
     facts = dict(headers[2:])
     assert list(facts) == list(dlq_headers.ALL)
-    assert facts[dlq_headers.ERROR_CLASS] == b"permanent:Permanent"
+    assert facts[dlq_headers.ERROR_CLASS] == b"permanent:PermanentError"
     assert facts[dlq_headers.ORIGINAL_OFFSET] == b"41"
     assert facts[dlq_headers.CONSUMER_GROUP] == b"billing"
 
@@ -69,7 +69,11 @@ def test_a_letter_read_back_has_the_facts_it_was_written_with() -> None:
         41,
         1_700_000_000_000,
     )
-    assert (back.error_class, back.error_message, back.attempts) == ("permanent:Permanent", "m", 1)
+    assert (back.error_class, back.error_message, back.attempts) == (
+        "permanent:PermanentError",
+        "m",
+        1,
+    )
     assert (back.first_failure_ms, back.last_failure_ms, back.key, back.value) == (5, 6, b"k", b"v")
     # Written again (it failed after a replay): the same headers, not a second set of facts.
     assert back.to_headers("billing") == LETTER.to_headers("billing")

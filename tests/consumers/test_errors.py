@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from outboxkit.consumers import Permanent, Retryable
 from outboxkit.consumers.errors import Category, classify, safe_message
+from outboxkit.outbox import PermanentError, TransientError
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -23,14 +23,14 @@ def test_classification() -> None:
         Order.model_validate({"order_id": "x"})
     except ValidationError as error:
         invalid = error
-    assert classify(Retryable()) is Category.TRANSIENT
+    assert classify(TransientError()) is Category.TRANSIENT
     assert classify(TimeoutError()) is Category.TRANSIENT
     assert classify(OperationalError("SELECT", {}, Exception("gone"))) is Category.TRANSIENT
     assert classify(DBAPIError("SELECT", {}, _Orig("40001"))) is Category.TRANSIENT
     assert classify(DBAPIError("SELECT", {}, _Orig("40P01"))) is Category.TRANSIENT
     lost = DBAPIError("SELECT", {}, Exception("closed"), connection_invalidated=True)
     assert classify(lost) is Category.TRANSIENT
-    assert classify(Permanent()) is Category.PERMANENT
+    assert classify(PermanentError()) is Category.PERMANENT
     assert classify(invalid) is Category.PERMANENT
     assert classify(IntegrityError("INSERT", {}, _Orig("23505"))) is Category.UNKNOWN
     assert classify(KeyError("k")) is Category.UNKNOWN
@@ -49,5 +49,5 @@ def test_safe_messages_carry_no_payload() -> None:
     except ValueError as error:
         text = safe_message(error)
     assert "secret" not in text and "ValueError" in text
-    assert safe_message(Permanent("refund above limit\nsecond line")) == "refund above limit"
-    assert len(safe_message(Retryable("x" * 1000))) == 300
+    assert safe_message(PermanentError("refund above limit\nsecond line")) == "refund above limit"
+    assert len(safe_message(TransientError("x" * 1000))) == 300

@@ -9,7 +9,9 @@ from aiokafka import TopicPartition
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from outboxkit.consumers import ConsumerApp, Permanent, Retryable, RetryPolicy, dlq_headers
+from outboxkit.consumers import ConsumerApp, dlq_headers
+from outboxkit.outbox import PermanentError, RetryPolicy, TransientError
+from outboxkit.outbox.backoff import Backoff
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -29,7 +31,7 @@ from tests.support.consumers import (
 from tests.support.kafka import read_topic, wait_for
 
 
-class OrderRejected(Permanent):
+class OrderRejected(PermanentError):
     """A business rule refuses the event for good."""
 
 
@@ -38,7 +40,7 @@ def failing_app(topic: str, fail: dict[int, list[BaseException]], **options: obj
 
     Raising after the write proves that a failed attempt rolls back the handler's work.
     """
-    app = ConsumerApp(name="billing", retry=FAST_RETRY, retention_interval=None, **options)  # type: ignore[arg-type]
+    app = ConsumerApp(name="billing", retry=FAST_RETRY, retention_interval_s=None, **options)  # type: ignore[arg-type]
 
     @app.handler(WIDGET_TYPE, topic=topic)
     async def record(widget: Widget, event: CloudEvent, session: AsyncSession) -> None:
@@ -67,7 +69,9 @@ async def test_transient_failures_are_retried_and_applied_once(
 ) -> None:
     create_effects_table(pg_url)
     await create_topic(kafka_bootstrap, topic)
-    fail: dict[int, list[BaseException]] = {2: [Retryable("stock service busy"), TimeoutError()]}
+    fail: dict[int, list[BaseException]] = {
+        2: [TransientError("stock service busy"), TimeoutError()]
+    }
     await produce(kafka_bootstrap, topic, [binary_record(widget(n)) for n in (1, 2, 3)])
     async with running(failing_app(topic, fail), pg_url, kafka_bootstrap) as (runtime, task):
         await wait_for(
@@ -84,7 +88,7 @@ async def test_a_lost_database_connection_is_retried_without_losing_or_doubling(
 ) -> None:
     create_effects_table(pg_url)
     await create_topic(kafka_bootstrap, topic)
-    app = ConsumerApp(name="billing", retry=FAST_RETRY, retention_interval=None)
+    app = ConsumerApp(name="billing", retry=FAST_RETRY, retention_interval_s=None)
     killed: list[int] = []
 
     @app.handler(WIDGET_TYPE, topic=topic)
@@ -173,8 +177,8 @@ async def test_unreachable_dead_letter_topic_blocks_the_offset_commit(
         topic,
         fail,
         dlq_topic="{topic}." + "x" * 250,  # longer than Kafka allows: the broker refuses it
-        dlq_timeout=1.0,
-        dlq_retry=RetryPolicy(max_attempts=10**6, base_delay=0.05, max_delay=0.2),
+        dlq_timeout_s=1.0,
+        dlq_retry=RetryPolicy(max_attempts=10**6, backoff=Backoff(base_s=0.05, cap_s=0.2)),
     )
     async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
         await wait_for(
@@ -314,8 +318,8 @@ async def test_stop_abandons_a_record_waiting_to_be_retried(
 ) -> None:
     create_effects_table(pg_url)
     await create_topic(kafka_bootstrap, topic)
-    slow = RetryPolicy(max_attempts=100, base_delay=30, max_delay=30, max_elapsed=300)
-    queued: list[BaseException] = [Retryable("busy") for _ in range(100)]
+    slow = RetryPolicy(max_attempts=100, backoff=Backoff(base_s=30, cap_s=30), max_elapsed_s=300)
+    queued: list[BaseException] = [TransientError("busy") for _ in range(100)]
     app = failing_app(topic, {1: queued})
     app.retry = slow
     await produce(kafka_bootstrap, topic, [binary_record(widget(1))])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
 
 from cloudevents.core.bindings.kafka import to_structured
 from cloudevents.core.formats.json import JSONFormat
@@ -26,6 +25,7 @@ from tests.support.consumers import (
     count_rows,
     create_effects_table,
     effect_rows,
+    effects_app_for,
     produce,
     produce_events,
     running,
@@ -33,21 +33,6 @@ from tests.support.consumers import (
 from tests.support.kafka import wait_for
 
 DAY_MS = 86_400_000
-
-
-def effects_app_for(topic: str, name: str = "billing", **options: object) -> ConsumerApp:
-    """An app whose handler writes one ``consumer_effects`` row per application."""
-    app = ConsumerApp(name=name, retention_interval=None, **options)  # type: ignore[arg-type]
-
-    @app.handler(WIDGET_TYPE, topic=topic)
-    async def record(widget: Widget, event: CloudEvent, session: AsyncSession) -> None:
-        await session.execute(
-            insert(consumer_effects).values(
-                consumer=name, source=event.get_source(), event_id=event.get_id(), n=widget.n, pid=0
-            )
-        )
-
-    return app
 
 
 async def test_duplicate_is_applied_once_and_same_id_from_another_source_is_new(
@@ -120,7 +105,7 @@ async def test_sync_handlers_get_a_sync_session_or_run_in_a_thread(
 ) -> None:
     create_effects_table(db_url)
     await create_topic(kafka_bootstrap, topic)
-    app = ConsumerApp(name="sync", retention_interval=None)
+    app = ConsumerApp(name="sync", retention_interval_s=None)
     in_worker_thread: list[bool] = []
 
     @app.handler(WIDGET_TYPE, topic=topic)
@@ -152,7 +137,7 @@ async def test_handler_output_through_outbox_is_not_repeated_for_a_duplicate_inp
 ) -> None:
     await create_topic(kafka_bootstrap, topic)
     outbox = Outbox(default_topic="invoices")
-    app = ConsumerApp(name="invoicing", retention_interval=None)
+    app = ConsumerApp(name="invoicing", retention_interval_s=None)
 
     @app.handler("order.placed", topic=topic)
     async def invoice(event: CloudEvent, session: AsyncSession) -> None:
@@ -216,7 +201,7 @@ async def test_purge_removes_old_entries_in_chunks(db_url: str) -> None:
         ("c2", "old-1"),
         ("c2", "old-2"),
     ]
-    assert await purge_inbox(engine, older_than=timedelta(hours=1)) == 5
+    assert await purge_inbox(engine, older_than_s=3600) == 5
     await engine.dispose()
 
 
@@ -234,7 +219,7 @@ async def test_runtime_purges_the_inbox_periodically(
         )
     engine.dispose()
     app = effects_app_for(topic)
-    app.retention_interval = timedelta(milliseconds=200)
+    app.retention_interval_s = 0.2
     async with running(app, pg_url, kafka_bootstrap) as (_, task):
         await wait_for(
             lambda: alive(task) or count_rows(pg_url, inbox_events), lambda n: n == 0, 60, "purge"

@@ -105,7 +105,7 @@ async def test_lag_counts_records_a_blocked_handler_holds_back_then_drops_to_zer
     await produce_events(
         kafka_bootstrap, topic, [new_event(WIDGET_TYPE, "/lag", {"n": n}) for n in range(5)]
     )
-    app = ConsumerApp(name=f"lag-{topic}", retention_interval=None)
+    app = ConsumerApp(name=f"lag-{topic}", retention_interval_s=None)
     gate = asyncio.Event()
 
     @app.handler(WIDGET_TYPE, topic=topic)

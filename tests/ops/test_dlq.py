@@ -1,7 +1,7 @@
 """``outboxkit dlq`` on a dead-letter topic filled by the real consumer runtime.
 
 Two consumers read one topic. ``billing`` applies every order. ``shipping`` rejects three orders
-for good (``Permanent``), cannot validate two payments (pydantic) and, like billing, cannot
+for good (``PermanentError``), cannot validate two payments (pydantic) and, like billing, cannot
 decode one malformed record: its dead-letter topic holds six records of three error kinds. The
 three rejected orders were in fact applied by billing before shipping dead-lettered them, so a
 replay to the original topic must not apply them twice there.
@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka import TopicPartition
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, Permanent, RetryPolicy, dlq_headers
+from outboxkit.consumers import ConsumerApp, dlq_headers
 from outboxkit.ops.dlq.tables import dlq_replays
-from outboxkit.outbox import new_event
+from outboxkit.outbox import PermanentError, RetryPolicy, new_event
+from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
 from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.postgres import throwaway_database
@@ -43,13 +44,13 @@ from tests.support.consumers import (
 from tests.support.kafka import read_topic, wait_for
 from tests.support.ops import cli, end_offsets
 
-FAST_RETRY = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.05, max_elapsed=10)
+FAST_RETRY = RetryPolicy(max_attempts=2, backoff=Backoff(base_s=0.01, cap_s=0.05), max_elapsed_s=10)
 REJECTED = (101, 102, 103)
 ACCEPTED = 104
 INPUT_RECORDS = 7  # four orders, two payments, one malformed record
 
 
-class OrderRejected(Permanent):
+class OrderRejected(PermanentError):
     """Shipping refuses the order for good."""
 
 
@@ -72,7 +73,7 @@ async def _effect(session: AsyncSession, consumer: str, event: CloudEvent, n: in
 def billing_app(topic: str) -> ConsumerApp:
     """Applies every order; has no handler for payments (skipped)."""
     app = ConsumerApp(
-        name="billing", dlq_topic="{topic}.billing.dlq", retry=FAST_RETRY, retention_interval=None
+        name="billing", dlq_topic="{topic}.billing.dlq", retry=FAST_RETRY, retention_interval_s=None
     )
 
     @app.handler("order.placed", topic=topic)
@@ -84,7 +85,7 @@ def billing_app(topic: str) -> ConsumerApp:
 
 def shipping_app(topic: str, *, fixed: bool) -> ConsumerApp:
     """Rejects the orders of REJECTED until fixed; payments need an integer amount."""
-    app = ConsumerApp(name="shipping", retry=FAST_RETRY, retention_interval=None)
+    app = ConsumerApp(name="shipping", retry=FAST_RETRY, retention_interval_s=None)
 
     @app.handler("order.placed", topic=topic)
     async def ship(order: Order, event: CloudEvent, session: AsyncSession) -> None:

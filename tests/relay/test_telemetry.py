@@ -61,7 +61,7 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
     assert hop in headers["traceparent"], "the Kafka header carries the relay's hop"
 
     # The consumer's span of the same event must not carry the marker either.
-    app = ConsumerApp(name="marker-check", retention_interval=None)
+    app = ConsumerApp(name="marker-check", retention_interval_s=None)
 
     @app.handler("order.placed", topic=topic)
     async def on_order(event: CloudEvent) -> None:

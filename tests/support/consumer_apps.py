@@ -11,7 +11,9 @@ import asyncio
 import os
 
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, RetryPolicy
+from outboxkit.consumers import ConsumerApp
+from outboxkit.outbox import RetryPolicy
+from outboxkit.outbox.backoff import Backoff
 from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -42,10 +44,10 @@ HANDLER_DELAY_S = int(os.environ.get("OUTBOXKIT_TEST_HANDLER_DELAY_MS", "0")) / 
 
 effects_app = ConsumerApp(
     name="effects",
-    retry=RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=0.5, max_elapsed=20),
+    retry=RetryPolicy(max_attempts=5, backoff=Backoff(base_s=0.05, cap_s=0.5), max_elapsed_s=20),
     # A SIGKILLed member leaves the group after the session timeout: keep it short in tests.
     consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
-    retention_interval=None,
+    retention_interval_s=None,
 )
 
 

@@ -11,19 +11,36 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, ConsumerRuntime, RetryPolicy
-from outboxkit.outbox import encode_binary, new_event
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime
+from outboxkit.outbox import RetryPolicy, encode_binary, new_event
+from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
 
-from tests.support.consumer_apps import WIDGET_TYPE, consumer_effects, effects_metadata
+from tests.support.consumer_apps import WIDGET_TYPE, Widget, consumer_effects, effects_metadata
 
 Header = tuple[str, bytes | None]
 RawRecord = tuple[bytes | None, bytes | None, Sequence[Header]]  # key, value, headers
 
 # Retries fast enough for tests: three attempts within a fraction of a second.
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_elapsed=30)
+FAST_RETRY = RetryPolicy(max_attempts=3, backoff=Backoff(base_s=0.01, cap_s=0.05), max_elapsed_s=30)
+
+
+def effects_app_for(topic: str, name: str = "billing", **options: object) -> ConsumerApp:
+    """An app on ``topic`` whose handler writes one ``consumer_effects`` row per application."""
+    app = ConsumerApp(name=name, retention_interval_s=None, **options)  # type: ignore[arg-type]
+
+    @app.handler(WIDGET_TYPE, topic=topic)
+    async def record(item: Widget, event: CloudEvent, session: AsyncSession) -> None:
+        await session.execute(
+            insert(consumer_effects).values(
+                consumer=name, source=event.get_source(), event_id=event.get_id(), n=item.n, pid=0
+            )
+        )
+
+    return app
 
 
 def widget(n: int) -> CloudEvent:
@@ -109,7 +126,7 @@ async def running(
     try:
         yield runtime, task
     finally:
-        runtime.stop()
+        await asyncio.wait_for(runtime.stop(), 60)
         await asyncio.wait_for(task, 60)
 
 
