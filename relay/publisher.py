@@ -73,8 +73,8 @@ class Publisher:
         self,
         bootstrap: str,
         *,
-        request_timeout_ms: int,
-        linger_ms: int,
+        request_timeout_s: float,
+        linger_s: float,
         max_batch_bytes: int,
         max_request_size: int,
         client_id: str,
@@ -83,8 +83,8 @@ class Publisher:
             "bootstrap_servers": bootstrap,
             "enable_idempotence": True,
             "acks": "all",
-            "request_timeout_ms": request_timeout_ms,
-            "linger_ms": linger_ms,
+            "request_timeout_ms": round(request_timeout_s * 1000),
+            "linger_ms": round(linger_s * 1000),
             "max_batch_size": max_batch_bytes,
             "max_request_size": max_request_size,
             "client_id": client_id,
@@ -92,7 +92,7 @@ class Publisher:
         self._producer: AIOKafkaProducer | None = None
         self._partitioner = DefaultPartitioner()
         self._max_request_size = max_request_size
-        self._timeout_s = request_timeout_ms / 1000
+        self._timeout_s = request_timeout_s
         self._ack_deadline_s = 3 * self._timeout_s
 
     async def start(self) -> None:
@@ -133,7 +133,7 @@ class Publisher:
         missing_topics: dict[str, str] = {}
         partitions_of: dict[str, list[int]] = {}
         open_batches: dict[tuple[str, int], _Batch] = {}
-        sent: list[tuple[asyncio.Future, _Batch]] = []
+        sent: list[tuple[asyncio.Future[Any], _Batch]] = []
         spans: dict[int, Any] = {}
         started = time.perf_counter()
         tracing = telemetry.enabled()
@@ -225,7 +225,7 @@ class Publisher:
             telemetry.end_span(current)
         return outcome
 
-    async def _acknowledgements(self, futures: list[asyncio.Future]) -> list[object]:
+    async def _acknowledgements(self, futures: list[asyncio.Future[Any]]) -> list[object]:
         """Each future's result or exception; a deadline turns a silent broker into an outage.
 
         aiokafka retries a batch whose leader is known but unreachable forever, so without this
@@ -284,9 +284,12 @@ class _Batch:
         self.offsets.append(metadata.offset)
         return True
 
-    async def send(self, producer: AIOKafkaProducer) -> asyncio.Future:
+    async def send(self, producer: AIOKafkaProducer) -> asyncio.Future[Any]:
         """Queue the batch; the future resolves with its base offset once acknowledged."""
-        return await producer.send_batch(self.builder, self.topic, partition=self.partition)
+        future: asyncio.Future[Any] = await producer.send_batch(
+            self.builder, self.topic, partition=self.partition
+        )
+        return future
 
 
 def _too_large(size: int) -> MessageSizeTooLargeError:
