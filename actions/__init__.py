@@ -3,6 +3,10 @@
 A stable key names one logical action; :class:`ActionStore` decides in code, inside the
 caller's transaction, whether it may run, and writes every state change as a CloudEvent
 through the outbox. :func:`run_action` wraps the whole cycle. See ``docs/agent-actions.md``.
+
+What an action raises (``TransientError``, ``PermanentError``, ``OutcomeUnknownError``) and
+the ``RetryPolicy`` come from :mod:`outboxkit.outbox`, shared with consumers. Internals
+(hashing, tables, events, metrics, cleanup) stay importable from their own modules.
 """
 
 from outboxkit.actions.errors import (
@@ -16,7 +20,6 @@ from outboxkit.actions.errors import (
     OperationNotFoundError,
     StaleLeaseError,
 )
-from outboxkit.actions.hashing import canonical_json, params_hash
 from outboxkit.actions.keys import operation_key
 from outboxkit.actions.reconcile import Reconciler, reconcile_one, reconcile_unknown
 from outboxkit.actions.records import (
@@ -31,15 +34,7 @@ from outboxkit.actions.records import (
     Resolution,
     Unclear,
 )
-from outboxkit.actions.runner import (
-    ActionOutcome,
-    ActionResult,
-    OutcomeUnknownError,
-    PermanentError,
-    RetryPolicy,
-    TransientError,
-    run_action,
-)
+from outboxkit.actions.runner import ActionOutcome, ActionResult, run_action
 from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
 
@@ -62,19 +57,13 @@ __all__ = [
     "OperationConflictError",
     "OperationNotFoundError",
     "OperationRecord",
-    "OutcomeUnknownError",
-    "PermanentError",
     "ReconcileOutcome",
     "Reconciler",
     "Resolution",
-    "RetryPolicy",
     "StaleLeaseError",
     "State",
-    "TransientError",
     "Unclear",
-    "canonical_json",
     "operation_key",
-    "params_hash",
     "reconcile_one",
     "reconcile_unknown",
     "run_action",

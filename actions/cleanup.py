@@ -7,10 +7,12 @@ trail of a deleted operation stays until :func:`purge_audit` removes it by age.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from outboxkit.actions.states import REPLACEABLE
 from outboxkit.actions.tables import agent_operation_audit, agent_operations
 from outboxkit.outbox.clock import db_now_ms
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 
@@ -43,7 +45,7 @@ async def purge_expired(
             ).all()
             if ids:
                 result = await session.execute(delete(ops).where(ops.c.id.in_(ids), expired))
-                total += result.rowcount
+                total += cast("CursorResult[Any]", result).rowcount
         chunks += 1
         if len(ids) < chunk_size:
             break
@@ -53,13 +55,14 @@ async def purge_expired(
 async def purge_audit(
     sessions: async_sessionmaker[AsyncSession],
     *,
-    older_than_ms: int,
+    older_than_s: float,
     chunk_size: int = 1000,
     max_chunks: int | None = None,
 ) -> int:
-    """Delete audit rows older than ``older_than_ms`` (by the database clock), in chunks."""
-    if chunk_size < 1 or older_than_ms < 0:
-        raise ValueError("chunk_size must be at least 1 and older_than_ms not negative")
+    """Delete audit rows older than ``older_than_s`` seconds (by the database clock), in chunks."""
+    if chunk_size < 1 or not older_than_s >= 0:
+        raise ValueError("chunk_size must be at least 1 and older_than_s not negative")
+    older_than_ms = round(older_than_s * 1000)
     audit = agent_operation_audit
     total = 0
     chunks = 0
@@ -74,7 +77,7 @@ async def purge_audit(
             ).all()
             if ids:
                 result = await session.execute(delete(audit).where(audit.c.id.in_(ids)))
-                total += result.rowcount
+                total += cast("CursorResult[Any]", result).rowcount
         chunks += 1
         if len(ids) < chunk_size:
             break

@@ -1,10 +1,16 @@
-"""Exceptions of the agent-actions module; all are :class:`outbox.OutboxError` subclasses."""
+"""Exceptions the agent-action ledger raises; all are :class:`~outboxkit.outbox.OutboxError`
+subclasses.
+
+What an *action* raises to say how its failure should be read (``TransientError``,
+``PermanentError``, ``OutcomeUnknownError``) lives in :mod:`outboxkit.outbox.errors`, shared with
+consumers' handlers.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from outboxkit.outbox.errors import OutboxError
+from outboxkit.outbox.errors import OutboxError, OutcomeUnknownError
 
 if TYPE_CHECKING:
     from outboxkit.actions.records import OperationRecord
@@ -47,8 +53,18 @@ class ActionFailedError(_OutcomeError):
     """The operation ended FAILED_FINAL; ``record.last_error`` says why."""
 
 
-class ActionOutcomeUnknownError(_OutcomeError):
-    """The operation is UNKNOWN: it will not be retried until it is reconciled or resolved."""
+class ActionOutcomeUnknownError(_OutcomeError, OutcomeUnknownError):
+    """The operation is UNKNOWN: it will not be retried until it is reconciled or resolved.
+
+    Kept apart from :class:`~outboxkit.outbox.errors.OutcomeUnknownError`, which it subclasses,
+    because the two say different things. ``OutcomeUnknownError`` is an action's own report
+    about one call ("my call may have landed"); it is one of several ways in (a timeout, an
+    unclassified exception, an expired lease are the others). This error is the ledger's
+    answer about the operation: it is UNKNOWN now, whichever way it got there and even when
+    this caller made no call at all (it found it UNKNOWN at begin), and it carries the
+    operation's ``record``. Subclassing keeps one vocabulary for callers:
+    ``except OutcomeUnknownError`` catches both.
+    """
 
 
 class ActionInProgressError(_OutcomeError):

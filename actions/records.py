@@ -35,7 +35,7 @@ class OperationRecord:
     expires_ms: int
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> OperationRecord:
+    def from_row(cls, row: Mapping[Any, Any]) -> OperationRecord:
         """Build a record from a row mapping of ``agent_operations``."""
         return cls(
             id=row["id"],
@@ -76,7 +76,7 @@ class AuditEntry:
     detail: Any
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> AuditEntry:
+    def from_row(cls, row: Mapping[Any, Any]) -> AuditEntry:
         """Build an entry from a row mapping of ``agent_operation_audit``."""
         return cls(
             generation=row["generation"],

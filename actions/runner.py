@@ -1,14 +1,16 @@
 """Running one agent action end to end: begin, execute once, record, retry only when safe.
 
 The action is ``async def action(idempotency_key: str) -> value | ActionResult``; pass the key
-on to the downstream as its ``Idempotency-Key``. How its exceptions are read:
+on to the downstream as its ``Idempotency-Key``. How its exceptions (from
+:mod:`outboxkit.outbox.errors`, shared with consumers' handlers) are read:
 
-- :class:`TransientError`: it certainly did not take effect (refused, 429/503 before
-  processing...). Retried with capped exponential backoff and full jitter while attempts last;
-  the last one ends FAILED_FINAL.
-- :class:`PermanentError`: it certainly did not take effect and never will: FAILED_FINAL.
-- a timeout, :class:`OutcomeUnknownError` or any other exception: it may have taken effect.
-  UNKNOWN, never retried until it is reconciled or resolved by a person.
+- :class:`~outboxkit.outbox.errors.TransientError`: it certainly did not take effect (refused,
+  429/503 before processing...). Retried as the :class:`~outboxkit.outbox.retry.RetryPolicy`
+  allows; when it gives up, FAILED_FINAL.
+- :class:`~outboxkit.outbox.errors.PermanentError`: it certainly did not take effect and never
+  will: FAILED_FINAL.
+- a timeout, :class:`~outboxkit.outbox.errors.OutcomeUnknownError` or any other exception: it
+  may have taken effect. UNKNOWN, never retried until it is reconciled or resolved by a person.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from outboxkit.actions.errors import (
@@ -25,39 +27,20 @@ from outboxkit.actions.errors import (
     ActionOutcomeUnknownError,
 )
 from outboxkit.actions.reconcile import Reconciler, reconcile_one
-from outboxkit.actions.records import DecisionKind, Lease, OperationRecord
+from outboxkit.actions.records import Decision, DecisionKind, OperationRecord
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.errors import PermanentError, TransientError
+from outboxkit.outbox.retry import RetryPolicy
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-LEASE_MARGIN_MS = 5_000
-
-
-class TransientError(Exception):
-    """Raised by an action whose call certainly did not take effect but may succeed later."""
-
-
-class PermanentError(Exception):
-    """Raised by an action whose call certainly did not take effect and never will."""
-
-
-class OutcomeUnknownError(Exception):
-    """Raised by an action that cannot tell whether its call took effect (e.g. lost reply)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how patiently :func:`run_action` retries.
-
-    ``max_attempts`` counts the operation's attempts (kept in the database, so it holds across
-    restarts). ``wait_in_progress_s`` is how long to poll an operation another worker is
-    running before giving up with :class:`ActionInProgressError`.
-    """
-
-    max_attempts: int = 3
-    backoff: Backoff = field(default_factory=lambda: Backoff(base_s=0.2, cap_s=5.0))
-    poll: Backoff = field(default_factory=lambda: Backoff(base_s=0.05, cap_s=1.0, floor_s=0.02))
-    wait_in_progress_s: float = 30.0
+LEASE_MARGIN_S = 5.0
+DEFAULT_RETRY = RetryPolicy(
+    max_attempts=3, backoff=Backoff(base_s=0.2, cap_s=5.0), max_elapsed_s=300.0
+)
+"""Three attempts of an operation, 0.2-5 s apart, within five minutes of its first claim."""
+DEFAULT_POLL = Backoff(base_s=0.05, cap_s=1.0, floor_s=0.02)
+"""How often an operation another worker is running is looked at again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,24 +81,40 @@ async def run_action(
     key: str,
     action_type: str,
     params: Any,
-    timeout: float,
+    timeout_s: float,
     retry: RetryPolicy | None = None,
     reconciler: Reconciler | None = None,
-    lease_ms: int | None = None,
+    lease_s: float | None = None,
+    wait_in_progress_s: float = 30.0,
+    poll_backoff: Backoff | None = None,
 ) -> ActionOutcome:
     """Run ``action(key)`` at most once for ``(tenant, key)`` and return the recorded outcome.
 
-    Each step is its own short transaction from ``sessions``. The lease defaults to
-    ``timeout`` plus 5 s, so a sweep does not take a call that is still within its timeout
-    for lost. An UNKNOWN operation found at begin is reconciled once with ``reconciler`` if
-    one is given (a restarted agent resumes this way); otherwise, and if it stays UNKNOWN,
+    Each step is its own short transaction from ``sessions``. ``timeout_s`` bounds one call of
+    the action. The lease defaults to ``timeout_s`` plus 5 s, so a sweep does not take a call
+    that is still within its timeout for lost.
+
+    ``retry`` (default :data:`DEFAULT_RETRY`) decides about a
+    :class:`~outboxkit.outbox.errors.TransientError`: ``max_attempts`` counts the operation's
+    attempts, kept in the database so the count holds across restarts; ``max_elapsed_s`` is
+    measured from the operation's first claim (database clock) to the end of the failed call.
+
+    Waiting is not retrying: when another worker holds a live lease, the operation is looked
+    at again after delays from ``poll_backoff`` (default :data:`DEFAULT_POLL`) for up to
+    ``wait_in_progress_s`` seconds, then :class:`ActionInProgressError` is raised.
+
+    An UNKNOWN operation found at begin is reconciled once with ``reconciler`` if one is given
+    (a restarted agent resumes this way); otherwise, and if it stays UNKNOWN,
     :class:`ActionOutcomeUnknownError` is raised. Also raises :class:`ActionFailedError`,
     :class:`ActionInProgressError` and :class:`OperationConflictError`.
     """
-    retry = retry or RetryPolicy()
-    if timeout <= 0:
-        raise ValueError("timeout must be positive")
-    lease_ms = lease_ms if lease_ms is not None else int(timeout * 1000) + LEASE_MARGIN_MS
+    retry = retry or DEFAULT_RETRY
+    poll_backoff = poll_backoff or DEFAULT_POLL
+    if not timeout_s > 0:
+        raise ValueError("timeout_s must be positive")
+    if wait_in_progress_s < 0:
+        raise ValueError("wait_in_progress_s must not be negative")
+    lease_s = lease_s if lease_s is not None else timeout_s + LEASE_MARGIN_S
     holder = new_holder()
     reconciled = False
     polls = 0
@@ -128,7 +127,7 @@ async def run_action(
                 key=key,
                 action_type=action_type,
                 params=params,
-                lease_ms=lease_ms,
+                lease_s=lease_s,
                 holder=holder,
             )
         op = decision.operation
@@ -144,16 +143,16 @@ async def run_action(
             raise ActionOutcomeUnknownError(_unknown_message(op), op)
         if decision.kind is DecisionKind.IN_PROGRESS:
             now = time.monotonic()
-            wait_deadline = wait_deadline or now + retry.wait_in_progress_s
+            wait_deadline = wait_deadline or now + wait_in_progress_s
             if now >= wait_deadline:
                 raise ActionInProgressError(
                     f"operation {key!r} is still running under {op.lease_holder}", op
                 )
             polls += 1
-            await asyncio.sleep(min(retry.poll.delay(polls), max(0.0, wait_deadline - now)))
+            await asyncio.sleep(min(poll_backoff.delay(polls), max(0.0, wait_deadline - now)))
             continue
         assert decision.lease is not None
-        outcome = await _execute(sessions, store, action, decision.lease, timeout, retry)
+        outcome = await _execute(sessions, store, action, decision, timeout_s, retry)
         if outcome is not None:
             return outcome
         polls = 0
@@ -164,26 +163,31 @@ async def _execute(
     sessions: async_sessionmaker[AsyncSession],
     store: ActionStore,
     action: Action,
-    lease: Lease,
-    timeout: float,
+    claimed: Decision,
+    timeout_s: float,
     retry: RetryPolicy,
 ) -> ActionOutcome | None:
     """Run one claimed attempt; ``None`` means a transient failure to retry after a pause."""
+    lease = claimed.lease
+    assert lease is not None
+    started = time.monotonic()
     try:
-        value = await asyncio.wait_for(action(lease.key), timeout)
+        value = await asyncio.wait_for(action(lease.key), timeout_s)
     except TimeoutError as error:
-        reason = f"no answer within {timeout:g}s; the action may have taken effect"
+        reason = f"no answer within {timeout_s:g}s; the action may have taken effect"
         op = await _settle(sessions, lambda s: store.mark_unknown(s, lease, reason))
         raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
     except TransientError as error:
-        final = lease.attempt >= retry.max_attempts
+        claim = claimed.operation
+        elapsed_s = (claim.updated_ms - claim.created_ms) / 1000 + time.monotonic() - started
+        delay = retry.next_delay(lease.attempt, elapsed_s)
         message = _describe(error)
-        if final:
-            message = f"gave up after {lease.attempt} attempts; last: {message}"
-        op = await _settle(sessions, lambda s: store.fail(s, lease, message, final=final))
-        if final:
+        if delay is None:
+            message = f"gave up after {lease.attempt} attempts in {elapsed_s:.1f}s; last: {message}"
+        op = await _settle(sessions, lambda s: store.fail(s, lease, message, final=delay is None))
+        if delay is None:
             raise ActionFailedError(f"operation {lease.key!r} failed: {message}", op) from error
-        await asyncio.sleep(retry.backoff.delay(lease.attempt))
+        await asyncio.sleep(delay)
         return None
     except PermanentError as error:
         message = _describe(error)

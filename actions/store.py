@@ -9,6 +9,7 @@ SQLite's serialised writers without holding row locks.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -46,8 +47,8 @@ from outboxkit.outbox.writer import Outbox
 from sqlalchemy import ColumnElement, Insert, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-DEFAULT_LEASE_MS = 60_000
-DEFAULT_TTL_MS = 24 * 3600 * 1000
+DEFAULT_LEASE_S = 60.0
+DEFAULT_TTL_S = 24 * 3600.0
 _MAX_RACES = 8  # re-reads after losing a compare-and-set; each loss means someone progressed
 _RESOLUTION_TARGET = {
     Resolution.SUCCEEDED: State.SUCCEEDED,
@@ -64,8 +65,8 @@ def new_holder() -> str:
 class ActionStore:
     """Records agent operations and decides, in code, whether one may run.
 
-    ``lease_ms`` is how long a claim stays live without an answer (then the operation becomes
-    UNKNOWN, not PENDING); ``ttl_ms`` how long a record is remembered after its last change
+    ``lease_s`` is how long (seconds) a claim stays live without an answer (then the operation
+    becomes UNKNOWN, not PENDING); ``ttl_s`` how long a record is remembered after its last change
     before a begin with the same key may start a new operation. Events go through ``outbox``
     (default: topic ``outboxkit.actions``) with ``source``.
     """
@@ -75,13 +76,15 @@ class ActionStore:
         outbox: Outbox | None = None,
         *,
         source: str = events.DEFAULT_SOURCE,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        ttl_ms: int = DEFAULT_TTL_MS,
+        lease_s: float = DEFAULT_LEASE_S,
+        ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
         self.outbox = outbox or Outbox(default_topic=events.DEFAULT_TOPIC)
         self.source = source
-        self.lease_ms = _positive_ms("lease_ms", lease_ms)
-        self.ttl_ms = _positive_ms("ttl_ms", ttl_ms)
+        self._lease_ms = _positive_ms("lease_s", lease_s)
+        self._ttl_ms = _positive_ms("ttl_s", ttl_s)
+        self.lease_s = lease_s
+        self.ttl_s = ttl_s
 
     # -- begin ---------------------------------------------------------------------------
 
@@ -93,7 +96,7 @@ class ActionStore:
         key: str,
         action_type: str,
         params: Any,
-        lease_ms: int | None = None,
+        lease_s: float | None = None,
         holder: str | None = None,
     ) -> Decision:
         """Decide whether this caller may execute the action named by ``(tenant, key)``.
@@ -108,7 +111,7 @@ class ActionStore:
         check_key(key)
         _check_text("action_type", action_type, 128)
         digest = params_hash(params)
-        lease_ms = _positive_ms("lease_ms", lease_ms if lease_ms is not None else self.lease_ms)
+        lease_ms = self._lease_ms if lease_s is None else _positive_ms("lease_s", lease_s)
         holder = _check_text("holder", holder or new_holder(), 64)
         for _ in range(_MAX_RACES):
             op, now = await self._load(session, tenant, key)
@@ -173,7 +176,7 @@ class ActionStore:
                 needs_attention=False,
                 created_ms=now,
                 updated_ms=now,
-                expires_ms=now + self.ttl_ms,
+                expires_ms=now + self._ttl_ms,
             )
             .on_conflict_do_nothing(index_elements=["tenant", "op_key"])
             .returning(*ops.c)
@@ -193,7 +196,7 @@ class ActionStore:
             1,
             events.STARTED,
             holder,
-            f"claimed for attempt 1 with a lease of {lease_ms} ms",
+            f"claimed for attempt 1 with a lease of {lease_ms / 1000:g} s",
         )
         return created
 
@@ -244,7 +247,7 @@ class ActionStore:
             State.RUNNING,
             event_type=events.STARTED,
             actor=holder,
-            reason=f"claimed for attempt {op.attempts + 1} with a lease of {lease_ms} ms",
+            reason=f"claimed for attempt {op.attempts + 1} with a lease of {lease_ms / 1000:g} s",
             values={
                 "attempts": op.attempts + 1,
                 "lease_holder": holder,
@@ -564,19 +567,20 @@ class ActionStore:
         *,
         tenant: str | None = None,
         state: State | None = None,
-        older_than_ms: int | None = None,
+        older_than_s: float | None = None,
         needs_attention: bool | None = None,
         limit: int = 100,
     ) -> list[OperationRecord]:
-        """Operations filtered by tenant, state, age of the last state change and flag."""
+        """Operations filtered by tenant, state, age of the last state change (at least
+        ``older_than_s`` seconds ago, database clock) and flag."""
         now = db_now_ms(_dialect(session))
         query = select(ops).order_by(ops.c.updated_ms, ops.c.id).limit(limit)
         if tenant is not None:
             query = query.where(ops.c.tenant == check_tenant(tenant))
         if state is not None:
             query = query.where(ops.c.state == State(state).value)
-        if older_than_ms is not None:
-            query = query.where(ops.c.updated_ms <= now - older_than_ms)
+        if older_than_s is not None:
+            query = query.where(ops.c.updated_ms <= now - round(older_than_s * 1000))
         if needs_attention is not None:
             query = query.where(ops.c.needs_attention == needs_attention)
         rows = await session.execute(query)
@@ -618,7 +622,7 @@ class ActionStore:
         """Compare-and-set ``op`` (as read) to ``target``; audit and emit; ``None`` if lost."""
         check_transition(op.state, target, new_generation=new_generation)
         now = db_now_ms(_dialect(session))
-        changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self.ttl_ms}
+        changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self._ttl_ms}
         if target is not op.state or new_generation:
             changes["updated_ms"] = now  # updated_ms is the time of the last state change
         changes.update(values or {})
@@ -710,10 +714,16 @@ def _dialect(session: AsyncSession) -> str:
     return supported(session.get_bind().dialect.name)
 
 
-def _positive_ms(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidActionInputError(f"{name} must be a positive number of milliseconds")
-    return value
+def _positive_ms(name: str, seconds: float) -> int:
+    """``seconds`` as whole milliseconds (the columns' unit), at least 1."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0.001
+    ):
+        raise InvalidActionInputError(f"{name} must be a number of seconds, at least 0.001")
+    return round(seconds * 1000)
 
 
 def _check_text(name: str, value: str, limit: int, *, truncate: bool = False) -> str:

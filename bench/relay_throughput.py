@@ -53,9 +53,13 @@ async def relay_drain(url: str, bootstrap: str, topic: str) -> tuple[float, int]
     await warm.start()
     await warm.send_and_wait(topic, b"warm-up")
     await warm.stop()
-    relay = Relay(url, bootstrap, RelayOptions(batch_size=1000, retention_s=3600, listen=False))
+    relay = Relay(
+        db_url=url,
+        bootstrap=bootstrap,
+        options=RelayOptions(batch_size=1000, retention_s=3600, listen=False),
+    )
     started = time.perf_counter()
-    published = await relay.drain(timeout=600)
+    published = await relay.drain(timeout_s=600)
     return time.perf_counter() - started, published
 
 

@@ -1,7 +1,6 @@
 """``outboxkit actions``: list, show and resolve agent operations; sweep and clean up.
 
-Bad input raises :class:`outboxkit.cli.main.CliError`
-(one line, exit code 2).
+Bad input raises :class:`outboxkit.cli.errors.CliError` (one line, exit code 2).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import typer
 from outboxkit.actions.cleanup import purge_expired
 from outboxkit.actions.errors import ActionError
 from outboxkit.actions.events import DEFAULT_TOPIC
-from outboxkit.actions.records import OperationRecord, Resolution
+from outboxkit.actions.records import AuditEntry, OperationRecord, Resolution
 from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
 from outboxkit.cli.errors import CliError
@@ -60,7 +59,7 @@ def list_command(
             session,
             tenant=tenant,
             state=chosen_state,
-            older_than_ms=age_ms,
+            older_than_s=None if age_ms is None else age_ms / 1000,
             needs_attention=True if needs_attention else None,
             limit=limit,
         )
@@ -92,7 +91,7 @@ def show_command(
 ) -> None:
     """Show one operation with its audit trail."""
 
-    async def query(session: AsyncSession) -> tuple[OperationRecord | None, list]:
+    async def query(session: AsyncSession) -> tuple[OperationRecord | None, list[AuditEntry]]:
         store = ActionStore()
         return await store.get(session, tenant, key), await store.history(session, tenant, key)
 
@@ -232,7 +231,10 @@ def format_time(ms: int) -> str:
 
 
 async def _now(session: AsyncSession) -> int:
-    return await session.scalar(select(db_now_ms(session.get_bind().dialect.name)))
+    now: int = (
+        await session.execute(select(db_now_ms(session.get_bind().dialect.name)))
+    ).scalar_one()
+    return now
 
 
 def _run(db_url: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> T:

@@ -1,16 +1,16 @@
-"""``outboxkit relay``: run a relay process until SIGTERM."""
+"""``outboxkit relay``: run a relay process until SIGTERM (or, with ``--drain``, until idle)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 import typer
 from outboxkit.cli.options import settings_from
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import serve_metrics
-from outboxkit.relay.options import RelayOptions
-from outboxkit.relay.runner import Relay
+from outboxkit.relay import Relay, RelayOptions
 
 
 def relay(
@@ -46,7 +46,7 @@ def relay(
             poll_interval_s=poll_interval,
             max_attempts=max_attempts,
             retention_s=retention,
-            kafka_request_timeout_ms=request_timeout_ms,
+            request_timeout_s=request_timeout_ms / 1000,
             max_request_size=max_request_size,
             listen=not no_listen,
         )
@@ -54,12 +54,30 @@ def relay(
         raise typer.BadParameter(str(error)) from error
     if metrics_port is not None:
         serve_metrics(metrics_port)
-    asyncio.run(_run(Relay(settings.db_url, settings.kafka_bootstrap, options), drain))
+    relay_process = Relay(
+        db_url=settings.db_url, bootstrap=settings.kafka_bootstrap, options=options
+    )
+    asyncio.run(_run(relay_process, drain))
 
 
 async def _run(relay_process: Relay, drain: bool) -> None:
-    stop = asyncio.Event()
+    """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully."""
     loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def stop() -> None:
+        # run()/drain() below report the work's failure; this task only asks it to stop.
+        stopping.append(loop.create_task(_stop_quietly(relay_process)))
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await relay_process.run(stop, until_drained=drain)
+        loop.add_signal_handler(signum, stop)
+    if drain:
+        await relay_process.drain(timeout_s=None)
+    else:
+        await relay_process.run()
+    await asyncio.gather(*stopping)
+
+
+async def _stop_quietly(relay_process: Relay) -> None:
+    with contextlib.suppress(Exception):
+        await relay_process.stop()

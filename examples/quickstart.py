@@ -189,8 +189,8 @@ def main() -> None:
     print(f"migrated {db_url}")
     place_orders(db_url)
     with kafka() as bootstrap:
-        relay = Relay(db_url, bootstrap, RelayOptions(poll_interval_s=0.2))
-        published = asyncio.run(relay.drain(timeout=120))
+        relay = Relay(db_url=db_url, bootstrap=bootstrap, options=RelayOptions(poll_interval_s=0.2))
+        published = asyncio.run(relay.drain(timeout_s=120))
         print(f"relay published {published} events; records on Kafka topic {TOPIC!r}:")
         records = asyncio.run(show_topic(bootstrap, published))
         asyncio.run(consume(db_url, bootstrap, records))

@@ -20,7 +20,7 @@ from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.tables import outbox_events, outbox_shard_leases
 from sqlalchemy import (
     BigInteger,
-    Result,
+    CursorResult,
     Select,
     all_,
     any_,
@@ -113,7 +113,7 @@ class Claims:
             for row, headers in zip(rows, all_headers, strict=True)
         ]
 
-    def _build_claim_statement(self) -> Select:
+    def _build_claim_statement(self) -> Select[Any]:
         """The claim, built once (building it per call cost more than running it)."""
         now = self._now
         my_shards = select(outbox_shard_leases.c.shard).where(
@@ -167,7 +167,9 @@ class Claims:
         ids = bindparam(name, expanding=True)
         return column.not_in(ids) if negated else column.in_(ids)
 
-    async def _execute(self, work: Sequence[tuple[Executable, dict[str, Any]]]) -> list[Result]:
+    async def _execute(
+        self, work: Sequence[tuple[Executable, dict[str, Any]]]
+    ) -> list[CursorResult[Any]]:
         """Execute ``(statement, parameters)`` pairs in one transaction; once more if the
         connection was dead.
 
@@ -233,7 +235,8 @@ class Claims:
     async def pending_count(self) -> int:
         """Rows not yet published nor parked (all shards)."""
         async with self.engine.connect() as conn:
-            return await conn.scalar(select(func.count()).select_from(outbox_events).where(PENDING))
+            query = select(func.count()).select_from(outbox_events).where(PENDING)
+            return (await conn.execute(query)).scalar_one()
 
     async def backlog(self) -> Backlog:
         """Backlog size, age of its oldest row and parked rows, in one query (all shards)."""

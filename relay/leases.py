@@ -16,7 +16,7 @@ from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_relays, outbox_shard_leases
 from sqlalchemy import and_, delete, func, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ShardLeases:
                         heartbeat_ms=now,
                     )
                 )
-            now_ms = await conn.scalar(select(now))
+            now_ms: int = (await conn.execute(select(now))).scalar_one()
             await conn.execute(
                 delete(outbox_relays).where(
                     outbox_relays.c.heartbeat_ms < now_ms - 10 * self.ttl_ms
@@ -83,7 +83,7 @@ class ShardLeases:
         self.owned = frozenset(owned)
         return self.owned
 
-    async def _take(self, conn, count: int, now_ms: int) -> set[int]:
+    async def _take(self, conn: AsyncConnection, count: int, now_ms: int) -> set[int]:
         free = or_(
             outbox_shard_leases.c.holder.is_(None), outbox_shard_leases.c.expires_ms < now_ms
         )
@@ -107,7 +107,7 @@ class ShardLeases:
         )
         return {row.shard for row in taken}
 
-    async def _take_all(self, conn, owned: set[int], now_ms: int) -> set[int]:
+    async def _take_all(self, conn: AsyncConnection, owned: set[int], now_ms: int) -> set[int]:
         if len(owned) == SHARD_COUNT:
             return owned
         held_by_others = await conn.scalar(
@@ -128,7 +128,7 @@ class ShardLeases:
         )
         return set(range(SHARD_COUNT))
 
-    async def _release(self, conn, owned: set[int], count: int) -> set[int]:
+    async def _release(self, conn: AsyncConnection, owned: set[int], count: int) -> set[int]:
         extra = sorted(owned)[-count:]
         await conn.execute(
             update(outbox_shard_leases)

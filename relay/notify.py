@@ -7,7 +7,7 @@ import logging
 
 import asyncpg
 from outboxkit.outbox.backoff import Backoff
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 CHANNEL = "outboxkit_outbox"
 log = logging.getLogger("outboxkit.relay")
@@ -19,11 +19,10 @@ class CommitListener:
     If the connection drops it reconnects with backoff; meanwhile the relay falls back to polling.
     """
 
-    def __init__(self, db_url: str, wake: asyncio.Event) -> None:
-        url = make_url(db_url)
-        self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    def __init__(self, db_url: str | URL, wake: asyncio.Event) -> None:
+        self._dsn = listen_dsn(db_url)
         self._wake = wake
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
 
     def start(self) -> None:
@@ -59,6 +58,18 @@ class CommitListener:
                 log.warning("LISTEN connection lost, polling meanwhile")
             finally:
                 await asyncio.shield(_close(connection))
+
+
+def listen_dsn(db_url: str | URL) -> str:
+    """A libpq-style DSN for asyncpg from a SQLAlchemy URL of any PostgreSQL driver.
+
+    SQLAlchemy's asyncpg dialect takes TLS as ``ssl=...``; asyncpg's own DSN parser reads
+    ``sslmode`` and would send ``ssl`` to the server as a setting, which the server refuses.
+    """
+    url = make_url(db_url).set(drivername="postgresql")
+    if "ssl" in url.query and "sslmode" not in url.query:
+        url = url.difference_update_query(["ssl"]).update_query_dict({"sslmode": url.query["ssl"]})
+    return url.render_as_string(hide_password=False)
 
 
 async def _close(connection: asyncpg.Connection) -> None:

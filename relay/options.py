@@ -9,13 +9,15 @@ from outboxkit.outbox.backoff import Backoff
 
 @dataclass(frozen=True)
 class RelayOptions:
-    """How the relay claims, publishes, retries and cleans up.
+    """How the relay claims, publishes, retries and cleans up. Durations are in seconds.
 
     ``lease_ttl_s`` bounds how long a dead relay's shards wait for another relay; it must be
-    well above ``kafka_request_timeout_ms`` so a batch in flight rarely outlives its lease
+    at least twice ``request_timeout_s`` so a batch in flight rarely outlives its lease
     (when it does, the next owner publishes those rows again: duplicates, never a loss).
     ``retention_s`` of 0 deletes rows once published; otherwise they are kept (and deduplicate
     ``(source, id)``) for that long and deleted in chunks of ``cleanup_chunk``.
+    ``request_timeout_s`` and ``linger_s`` are the Kafka producer's ``request_timeout_ms`` and
+    ``linger_ms``, in seconds.
     """
 
     batch_size: int = 500
@@ -29,10 +31,10 @@ class RelayOptions:
     retention_s: float = 7 * 24 * 3600.0
     cleanup_interval_s: float = 60.0
     cleanup_chunk: int = 5000
-    kafka_request_timeout_ms: int = 10_000
+    request_timeout_s: float = 10.0
     # 0: a claimed batch is handed to the producer in one go (send() does not yield between
     # rows), so it is batched anyway; waiting longer only adds latency.
-    linger_ms: int = 0
+    linger_s: float = 0.0
     max_batch_bytes: int = 512 * 1024
     max_request_size: int = 1024 * 1024
     listen: bool = True
@@ -40,9 +42,17 @@ class RelayOptions:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if self.lease_ttl_s * 1000 < 2 * self.kafka_request_timeout_ms:
+        if self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be positive")
+        if self.linger_s < 0:
+            raise ValueError("linger_s must not be negative")
+        if self.lease_ttl_s < 2 * self.request_timeout_s:
             raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
+        if self.poll_interval_s <= 0:
+            raise ValueError("poll_interval_s must be positive")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.retention_s < 0:
             raise ValueError("retention_s must not be negative")
+        if self.cleanup_interval_s <= 0 or self.cleanup_chunk < 1:
+            raise ValueError("cleanup_interval_s must be positive and cleanup_chunk at least 1")

@@ -73,8 +73,8 @@ class Publisher:
         self,
         bootstrap: str,
         *,
-        request_timeout_ms: int,
-        linger_ms: int,
+        request_timeout_s: float,
+        linger_s: float,
         max_batch_bytes: int,
         max_request_size: int,
         client_id: str,
@@ -83,8 +83,8 @@ class Publisher:
             "bootstrap_servers": bootstrap,
             "enable_idempotence": True,
             "acks": "all",
-            "request_timeout_ms": request_timeout_ms,
-            "linger_ms": linger_ms,
+            "request_timeout_ms": round(request_timeout_s * 1000),
+            "linger_ms": round(linger_s * 1000),
             "max_batch_size": max_batch_bytes,
             "max_request_size": max_request_size,
             "client_id": client_id,
@@ -92,7 +92,7 @@ class Publisher:
         self._producer: AIOKafkaProducer | None = None
         self._partitioner = DefaultPartitioner()
         self._max_request_size = max_request_size
-        self._timeout_s = request_timeout_ms / 1000
+        self._timeout_s = request_timeout_s
         self._ack_deadline_s = 3 * self._timeout_s
 
     async def start(self) -> None:

@@ -23,6 +23,7 @@ from outboxkit.relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
 from outboxkit.relay.retention import delete_published
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outboxkit.relay")
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
@@ -30,7 +31,7 @@ DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
 
 @dataclass
 class RelayStats:
-    """Counters of one relay process since it started."""
+    """Counters of one :class:`Relay` since it was made (across restarts)."""
 
     published: int = 0
     failed: int = 0
@@ -41,32 +42,49 @@ class RelayStats:
 class Relay:
     """Publishes committed outbox rows to Kafka, at least once and in order per key.
 
-    Several relays may run against one PostgreSQL database; each publishes the shards it
-    leases. ``run`` works until ``stop`` is set (SIGTERM in the CLI), ``drain`` until nothing
-    is pending.
+    Several relays may run against one database; each publishes the shards it leases. Give it
+    exactly one of ``engine`` (yours: the relay never disposes it) or ``db_url`` (the relay
+    makes its engine and disposes it on stop)::
+
+        async with Relay(db_url=url, bootstrap="kafka:9092") as relay:
+            ...  # publishing in the background; relay.stats counts
+
+    ``start`` begins the work in a background task and returns; database and Kafka outages
+    are retried there with backoff, so a relay may start before its dependencies. ``stop``
+    finishes gracefully: the batch in flight is acknowledged and recorded, the shard leases
+    are released (another relay takes over at once) and the connections closed. ``run``
+    works until ``stop`` is called; ``drain`` until nothing is pending, then stops.
     """
 
     def __init__(
         self,
-        db_url: str,
+        *,
+        engine: AsyncEngine | None = None,
+        db_url: str | None = None,
         bootstrap: str,
         options: RelayOptions | None = None,
         relay_id: str | None = None,
     ) -> None:
+        if (engine is None) == (db_url is None):
+            raise ValueError("give exactly one of engine= or db_url=")
         self.options = options or RelayOptions()
-        self.db_url = db_url
         self.relay_id = relay_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stats = RelayStats()
-        self.engine = make_async_engine(db_url)  # no pre-ping: see Claims._execute
-        lease_ms = int(self.options.lease_ttl_s * 1000)
+        self._owns_engine = engine is None
+        # no pre-ping on an engine of ours: see Claims._execute
+        self.engine = engine if engine is not None else make_async_engine(str(db_url))
         self.leases = ShardLeases(
-            self.engine, self.relay_id, socket.gethostname(), os.getpid(), lease_ms
+            self.engine,
+            self.relay_id,
+            socket.gethostname(),
+            os.getpid(),
+            round(self.options.lease_ttl_s * 1000),
         )
         self.claims = Claims(self.engine, self.relay_id)
         self.publisher = Publisher(
             bootstrap,
-            request_timeout_ms=self.options.kafka_request_timeout_ms,
-            linger_ms=self.options.linger_ms,
+            request_timeout_s=self.options.request_timeout_s,
+            linger_s=self.options.linger_s,
             max_batch_bytes=self.options.max_batch_bytes,
             max_request_size=self.options.max_request_size,
             client_id=f"outboxkit-relay-{self.relay_id}",
@@ -74,30 +92,91 @@ class Relay:
         self.database = DependencyHealth("database")
         self.kafka = DependencyHealth("kafka")
         self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._until_drained = False
         self._settling = _SettleInFlight()
+        self._task: asyncio.Task[None] | None = None
 
-    async def run(self, stop: asyncio.Event | None = None, *, until_drained: bool = False) -> None:
-        """Relay until ``stop`` is set (or, with ``until_drained``, until nothing is pending)."""
-        stop = stop or asyncio.Event()
+    @property
+    def running(self) -> bool:
+        """True from ``start`` until the work has stopped (after ``stop``, a drain or a failure)."""
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Begin relaying in a background task and return; raises if already running."""
+        if self.running:
+            raise RuntimeError(f"relay {self.relay_id} is already running")
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._work(), name=f"outboxkit-relay-{self.relay_id}")
+
+    async def stop(self) -> None:
+        """Stop gracefully and wait until stopped; safe to call any number of times.
+
+        The batch in flight is acknowledged and its rows recorded (so no other relay sends
+        them again), shard leases are released and connections closed. If the work failed,
+        its error is raised here (as by ``run``), every time.
+        """
+        self._stopping.set()
+        if self._task is None:
+            return
+        await asyncio.wait([self._task])
+        self._task.result()
+
+    async def run(self) -> None:
+        """Start, then relay until ``stop`` is called; re-raises the error the work failed with.
+
+        Cancelling ``run`` stops the relay gracefully before the cancellation propagates.
+        """
+        await self.start()
+        assert self._task is not None
+        try:
+            await asyncio.wait([self._task])
+        finally:
+            await self.stop()
+
+    async def drain(self, timeout_s: float | None = 120.0) -> int:
+        """Publish until no row is pending, then stop; return how many rows this call published.
+
+        Starts the relay if it is not running. Raises :class:`TimeoutError` after ``timeout_s``
+        seconds (``None``: no limit), having stopped the relay gracefully.
+        """
+        before = self.stats.published
+        self._until_drained = True
+        self._wake.set()
+        try:
+            if self.running:
+                assert self._task is not None
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+                await self.stop()
+            else:
+                await asyncio.wait_for(self.run(), timeout_s)
+        finally:
+            self._until_drained = False
+            if self.running:
+                await self.stop()
+        return self.stats.published - before
+
+    async def __aenter__(self) -> Relay:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _work(self) -> None:
         listener = None
         if self.options.listen and self.engine.dialect.name == "postgresql":
-            listener = CommitListener(self.db_url, self._wake)
+            listener = CommitListener(self.engine.url, self._wake)
             listener.start()
         log.info("relay %s started", self.relay_id)
         try:
-            await self._loop(stop, until_drained)
+            await self._loop(self._stopping)
         finally:
             if listener is not None:
                 await listener.stop()
             await self._shutdown()
 
-    async def drain(self, timeout: float = 120.0) -> int:
-        """Publish until no row is pending; return how many rows this call published."""
-        before = self.stats.published
-        await asyncio.wait_for(self.run(until_drained=True), timeout)
-        return self.stats.published - before
-
-    async def _loop(self, stop: asyncio.Event, until_drained: bool) -> None:
+    async def _loop(self, stop: asyncio.Event) -> None:
         heartbeat_every = self.options.lease_ttl_s / 3
         next_heartbeat = 0.0
         next_cleanup = time.monotonic() + self.options.cleanup_interval_s
@@ -133,7 +212,7 @@ class Relay:
                 continue
             try:
                 await self._settling.wait()
-                if until_drained and await self.claims.pending_count() == 0:
+                if self._until_drained and await self.claims.pending_count() == 0:
                     return
             except DATABASE_ERRORS as error:
                 attempt = self.database.failed(error)
@@ -164,7 +243,7 @@ class Relay:
             next_rows: list[ClaimedRow] = []
             try:
                 more = len(rows) >= self.options.batch_size or self._wake.is_set()
-                if more and time.monotonic() < until:
+                if more and time.monotonic() < until and not self._stopping.is_set():
                     self._wake.clear()
                     in_flight = [row.id for row in rows] + self._settling.ids
                     next_rows = await self.claims.claim(self.options.batch_size, in_flight)
@@ -231,7 +310,8 @@ class Relay:
         except DATABASE_ERRORS as error:
             log.warning("could not release shard leases (they expire on their own): %s", error)
         await self.publisher.stop()
-        await self.engine.dispose()
+        if self._owns_engine:
+            await self.engine.dispose()
         log.info(
             "relay %s stopped: %d published, %d failed attempts",
             self.relay_id,
@@ -244,12 +324,12 @@ class _SettleInFlight:
     """The one batch whose outcome is being written while the next batch is in flight."""
 
     def __init__(self) -> None:
-        self._future: asyncio.Future | None = None
+        self._future: asyncio.Future[None] | None = None
         self.ids: list[int] = []
         self.failed_keys: set[bytes] = set()
 
     async def replace(
-        self, rows: list[ClaimedRow], failed_keys: set[bytes], settle: Awaitable
+        self, rows: list[ClaimedRow], failed_keys: set[bytes], settle: Awaitable[None]
     ) -> None:
         """Wait for the previous settle (its error surfaces here), then start ``settle`` of
         ``rows``; until it is done their ids are kept out of claims."""

@@ -25,7 +25,7 @@ from tests.support.consumers import FAST_RETRY, alive, binary_record, produce, r
 from tests.support.kafka import read_topic, wait_for
 
 MARKER = "MARKER-5e1f-never-in-a-span"
-RELAY_OPTIONS = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, retention_s=3600)
+RELAY_OPTIONS = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=3600)
 
 
 def named(spans: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -65,7 +65,7 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
         placed = new_event("order.placed", "/shop", {"note": MARKER}, partitionkey="order-1")
         Outbox(default_topic=topic).add(session, placed)
     engine.dispose()
-    await Relay(pg_url, kafka_bootstrap, RELAY_OPTIONS).drain(timeout=60)
+    await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=RELAY_OPTIONS).drain(timeout_s=60)
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
 
     app = ConsumerApp(name="billing", retention_interval_s=None)
@@ -79,7 +79,7 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
 
     async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
         await wait_for(lambda: alive(task) or runtime.stats.applied, bool, 60, "order applied")
-    await Relay(pg_url, kafka_bootstrap, RELAY_OPTIONS).drain(timeout=60)
+    await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=RELAY_OPTIONS).drain(timeout_s=60)
 
     origin = producer_span.get_span_context()
     publishes = {s.attributes["cloudevents.event_type"]: s for s in named(spans, "outbox publish")}

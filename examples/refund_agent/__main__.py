@@ -96,7 +96,7 @@ async def refund_once(args: argparse.Namespace) -> int:
         payments,
         tenant=args.tenant,
         timeout_s=args.timeout,
-        lease_ms=args.lease_ms,
+        lease_s=args.lease,
     )
     ticket = Ticket(ticket_id="T-cli", charge_id=args.charge_id, amount_cents=args.amount)
     try:
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--run-id", required=True)
     one.add_argument("--charge-id", required=True)
     one.add_argument("--amount", type=int, default=1999)
-    one.add_argument("--timeout", type=float, default=10.0)
-    one.add_argument("--lease-ms", type=int, default=None)
+    one.add_argument("--timeout", type=float, default=10.0, help="seconds per provider call")
+    one.add_argument("--lease", type=float, default=None, help="seconds (default: timeout + 5)")
     args = parser.parse_args(argv)
     if args.command == "refund":
         return asyncio.run(refund_once(args))

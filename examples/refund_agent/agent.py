@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outboxkit.actions import ActionOutcome, ActionStore, RetryPolicy, operation_key, run_action
+from outboxkit.actions import ActionOutcome, ActionStore, operation_key, run_action
+from outboxkit.outbox import RetryPolicy
+from outboxkit.outbox.backoff import Backoff
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from examples.refund_agent.payments import PaymentsClient
@@ -39,16 +41,18 @@ class RefundAgent:
         *,
         tenant: str,
         timeout_s: float = 10.0,
-        lease_ms: int | None = None,
+        lease_s: float | None = None,
         retry: RetryPolicy | None = None,
+        poll_backoff: Backoff | None = None,
     ) -> None:
         self.sessions = sessions
         self.store = store
         self.payments = payments
         self.tenant = tenant
         self.timeout_s = timeout_s
-        self.lease_ms = lease_ms
+        self.lease_s = lease_s
         self.retry = retry
+        self.poll_backoff = poll_backoff
 
     def refund_key(self, run_id: str, ticket: Ticket) -> str:
         """The operation key of this run's refund step: no attempt number, no clock."""
@@ -75,8 +79,9 @@ class RefundAgent:
             key=self.refund_key(run_id, ticket),
             action_type=ACTION_TYPE,
             params=params,
-            timeout=self.timeout_s,
+            timeout_s=self.timeout_s,
             retry=self.retry,
             reconciler=self.payments.reconcile,
-            lease_ms=self.lease_ms,
+            lease_s=self.lease_s,
+            poll_backoff=self.poll_backoff,
         )

@@ -18,12 +18,10 @@ from outboxkit.actions import (
     ActionResult,
     Found,
     OperationRecord,
-    OutcomeUnknownError,
-    PermanentError,
     ReconcileOutcome,
-    TransientError,
     Unclear,
 )
+from outboxkit.outbox import OutcomeUnknownError, PermanentError, TransientError
 
 TRANSIENT_STATUSES = {409, 429, 503}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from outboxkit.actions import ActionStore, DecisionKind, RetryPolicy, State
+from outboxkit.actions import ActionStore, DecisionKind, State
 from outboxkit.outbox.backoff import Backoff
 
 from examples.refund_agent.agent import RefundAgent, Ticket
@@ -21,7 +21,7 @@ REQUEST = {"tenant": T, "key": "op-1", "action_type": "refund", "params": {"amou
 async def test_two_concurrent_requests_with_one_key_make_one_refund(pg_url: str) -> None:
     store = ActionStore()
     ticket = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
-    retry = RetryPolicy(poll=Backoff(base_s=0.02, cap_s=0.1, floor_s=0.02))
+    poll = Backoff(base_s=0.02, cap_s=0.1, floor_s=0.02)
     begins = 0
 
     with PaymentProvider() as provider:
@@ -42,7 +42,7 @@ async def test_two_concurrent_requests_with_one_key_make_one_refund(pg_url: str)
                     store,
                     PaymentsClient(provider.url, account=T),
                     tenant=T,
-                    retry=retry,
+                    poll_backoff=poll,
                 )
                 for sessions in (sessions_a, sessions_b)
             ]
@@ -133,7 +133,7 @@ async def test_completion_racing_a_lease_sweep_ends_consistent(pg_url: str) -> N
     store = ActionStore()
     async with sessions_for(pg_url, pool_size=4) as sessions:
         for n in range(10):
-            request = {**REQUEST, "key": f"op-{n}", "lease_ms": 1}
+            request = {**REQUEST, "key": f"op-{n}", "lease_s": 0.001}
             claimed = await begin(sessions, store, **request)
             results = await asyncio.gather(
                 in_tx(

@@ -23,7 +23,7 @@ from tests.support.actions import event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
 
 T = "acme"
-LEASE_MS = 1500
+LEASE_S = 1.5
 
 
 async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url: str) -> None:
@@ -51,8 +51,8 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
                 str(ticket.amount_cents),
                 "--timeout",
                 "60",
-                "--lease-ms",
-                str(LEASE_MS),
+                "--lease",
+                str(LEASE_S),
             ],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},

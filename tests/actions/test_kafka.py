@@ -15,7 +15,7 @@ from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support.actions import sessions_for
 from tests.support.kafka import read_topic
 
-FAST = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, poll_interval_s=0.2)
+FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
 
 
 async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
@@ -32,11 +32,21 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
             with pytest.raises(ActionOutcomeUnknownError):
                 await agent.handle("run-1", ticket)
             assert not (await agent.handle("run-1", ticket)).executed
-            assert await Relay(pg_url, kafka_bootstrap, FAST).drain(timeout=60) == 4
+            assert (
+                await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
+                    timeout_s=60
+                )
+                == 4
+            )
 
             for _ in range(2):  # retries after the fact write no second event
                 assert not (await agent.handle("run-1", ticket)).executed
-            assert await Relay(pg_url, kafka_bootstrap, FAST).drain(timeout=60) == 0
+            assert (
+                await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
+                    timeout_s=60
+                )
+                == 0
+            )
         assert provider.refund_count() == 1
 
     records = await read_topic(kafka_bootstrap, topic, expected=4)

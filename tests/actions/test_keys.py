@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from outboxkit.actions import (
+    ActionStore,
     IllegalTransitionError,
     InvalidActionInputError,
     State,
-    canonical_json,
     operation_key,
-    params_hash,
 )
+from outboxkit.actions.hashing import canonical_json, params_hash
 from outboxkit.actions.states import ALLOWED, check_transition
 from pydantic import BaseModel
 
@@ -117,3 +117,16 @@ def test_transition_table_is_enforced() -> None:
     for live in (State.RUNNING, State.UNKNOWN):
         with pytest.raises(IllegalTransitionError):
             check_transition(live, State.PENDING, new_generation=True)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0004, -1.0, float("nan"), float("inf"), True, "60"])
+def test_durations_are_positive_finite_seconds(bad: object) -> None:
+    with pytest.raises(InvalidActionInputError, match="seconds"):
+        ActionStore(lease_s=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidActionInputError, match="seconds"):
+        ActionStore(ttl_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_store_keeps_the_durations_it_was_given_in_seconds() -> None:
+    store = ActionStore(lease_s=1.5, ttl_s=0.001)
+    assert (store.lease_s, store.ttl_s) == (1.5, 0.001)

@@ -15,12 +15,11 @@ from outboxkit.actions import (
     ActionStore,
     OperationConflictError,
     Resolution,
-    RetryPolicy,
     State,
-    TransientError,
     reconcile_unknown,
     run_action,
 )
+from outboxkit.outbox import OutcomeUnknownError, RetryPolicy, TransientError
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.clock import db_now_ms
 from sqlalchemy import select
@@ -33,16 +32,15 @@ from tests.support.kafka import wait_for
 
 T = "acme"
 TICKET = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
-FAST = RetryPolicy(
-    max_attempts=3,
-    backoff=Backoff(base_s=0.01, cap_s=0.05),
-    poll=Backoff(base_s=0.01, cap_s=0.1, floor_s=0.01),
-)
+FAST = RetryPolicy(max_attempts=3, backoff=Backoff(base_s=0.01, cap_s=0.05))
+FAST_POLL = Backoff(base_s=0.01, cap_s=0.1, floor_s=0.01)
 
 
 def agent_for(sessions, store, provider, tenant: str = T, **kwargs) -> RefundAgent:
     payments = PaymentsClient(provider.url, account=tenant, timeout_s=30)
-    return RefundAgent(sessions, store, payments, tenant=tenant, retry=FAST, **kwargs)
+    return RefundAgent(
+        sessions, store, payments, tenant=tenant, retry=FAST, poll_backoff=FAST_POLL, **kwargs
+    )
 
 
 async def test_lost_reply_after_the_refund_then_retry_makes_one_refund(db_url: str) -> None:
@@ -82,8 +80,10 @@ async def test_without_a_reconciler_an_unknown_outcome_is_never_retried(db_url: 
         async with sessions_for(db_url) as sessions:
             provider.inject(Fault.DROP_AFTER_COMMIT)
             for _ in range(3):
-                with pytest.raises(ActionOutcomeUnknownError):
-                    await run_action(sessions, store, refund, timeout=10, retry=FAST, **request)
+                with pytest.raises(ActionOutcomeUnknownError) as raised:
+                    await run_action(sessions, store, refund, timeout_s=10, retry=FAST, **request)
+                # the ledger's error is the kernel's "outcome unknown" too: one except covers both
+                assert isinstance(raised.value, OutcomeUnknownError)
         assert calls == ["k-1"] and provider.refund_count() == 1
     assert event_types(db_url, T, "k-1") == ["requested", "started", "unknown"]
 
@@ -165,7 +165,7 @@ async def test_same_key_with_other_parameters_is_refused_before_any_call(db_url:
                     key=key,
                     action_type="payments.refund",
                     params={"charge_id": "ch_1", "amount_cents": 1, "currency": "EUR"},
-                    timeout=5,
+                    timeout_s=5,
                 )
         assert provider.refund_count() == 1
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]
@@ -192,7 +192,7 @@ async def test_same_key_under_another_tenant_is_another_operation(db_url: str) -
                     key="shared-key",
                     action_type="refund",
                     params={"charge": "ch_1"},
-                    timeout=10,
+                    timeout_s=10,
                 )
                 assert outcome.executed
                 results[tenant] = outcome.result
@@ -220,7 +220,13 @@ async def test_transient_failures_retry_with_backoff_until_the_attempts_run_out(
         raise TransientError("connection refused")
 
     async with sessions_for(db_url) as sessions:
-        request = {"tenant": T, "action_type": "refund", "params": {}, "timeout": 5, "retry": FAST}
+        request = {
+            "tenant": T,
+            "action_type": "refund",
+            "params": {},
+            "timeout_s": 5,
+            "retry": FAST,
+        }
         outcome = await run_action(sessions, store, flaky, key="flaky", **request)
         assert outcome.result == {"ok": 3} and outcome.operation.attempts == 3
 
@@ -242,6 +248,38 @@ async def test_transient_failures_retry_with_backoff_until_the_attempts_run_out(
     assert event_types(db_url, T, "down")[-1] == "failed"
 
 
+async def test_transient_retries_stop_when_the_elapsed_budget_is_spent(db_url: str) -> None:
+    """The budget runs from the operation's first claim (database clock), not per call: two
+    slow calls of 0.4 s spend a 0.7 s budget although eight attempts are left."""
+    store = ActionStore()
+    calls: list[str] = []
+
+    async def slow_and_refused(key: str):
+        calls.append(key)
+        await asyncio.sleep(0.4)
+        raise TransientError("503 after a slow answer")
+
+    budget = RetryPolicy(
+        max_attempts=10, backoff=Backoff(base_s=0.01, cap_s=0.02), max_elapsed_s=0.7
+    )
+    async with sessions_for(db_url) as sessions:
+        with pytest.raises(ActionFailedError, match="gave up after 2 attempts") as raised:
+            await run_action(
+                sessions,
+                store,
+                slow_and_refused,
+                tenant=T,
+                key="slow",
+                action_type="refund",
+                params={},
+                timeout_s=5,
+                retry=budget,
+            )
+    assert len(calls) == 2
+    assert raised.value.record.state is State.FAILED_FINAL and raised.value.record.attempts == 2
+    assert event_types(db_url, T, "slow")[-1] == "failed"
+
+
 async def test_permanent_failure_is_final_and_returned_later(db_url: str) -> None:
     store = ActionStore()
     with PaymentProvider() as provider:
@@ -253,9 +291,9 @@ async def test_permanent_failure_is_final_and_returned_later(db_url: str) -> Non
         async with sessions_for(db_url) as sessions:
             request = {"tenant": T, "key": "bad", "action_type": "refund", "params": {}}
             with pytest.raises(ActionFailedError, match="400"):
-                await run_action(sessions, store, bad_refund, timeout=5, **request)
+                await run_action(sessions, store, bad_refund, timeout_s=5, **request)
             with pytest.raises(ActionFailedError, match="400") as raised:
-                await run_action(sessions, store, bad_refund, timeout=5, **request)
+                await run_action(sessions, store, bad_refund, timeout_s=5, **request)
             assert raised.value.record.attempts == 1
         assert provider.refund_count() == 0
     assert event_types(db_url, T, "bad") == ["requested", "started", "failed"]
@@ -288,7 +326,7 @@ async def test_wrong_manual_retry_is_absorbed_by_the_providers_idempotency(db_ur
 
 
 async def test_after_expiry_the_same_key_runs_again_as_a_new_operation(db_url: str) -> None:
-    store = ActionStore(ttl_ms=1)
+    store = ActionStore(ttl_s=0.001)
     with PaymentProvider() as provider:
         async with sessions_for(db_url) as sessions:
             agent = agent_for(sessions, store, provider)

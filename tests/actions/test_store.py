@@ -196,7 +196,7 @@ async def test_reconcile_found_stores_the_external_result(db_url: str) -> None:
 async def test_expired_lease_makes_the_operation_unknown_not_pending(db_url: str) -> None:
     store = ActionStore()
     async with sessions_for(db_url) as sessions:
-        crashed = await begin(sessions, store, **req(lease_ms=1))
+        crashed = await begin(sessions, store, **req(lease_s=0.001))
         # detection inside begin: no second execution, the outcome is unknown
         decision = await wait_for(
             lambda: begin(sessions, store, **req()),
@@ -209,7 +209,7 @@ async def test_expired_lease_makes_the_operation_unknown_not_pending(db_url: str
         late = await in_tx(sessions, lambda s: store.complete(s, crashed.lease, result={"ok": 1}))
         assert late.state is State.SUCCEEDED
 
-        other = await begin(sessions, store, **req(key="op-2", lease_ms=1))
+        other = await begin(sessions, store, **req(key="op-2", lease_s=0.001))
         swept = await wait_for(
             lambda: in_tx(sessions, lambda s: store.sweep_expired_leases(s)),
             lambda found: len(found) == 1,
@@ -258,7 +258,7 @@ async def test_operator_resolution_is_audited_and_checked(db_url: str) -> None:
 
 
 async def test_after_expiry_a_begin_starts_a_new_generation_audited(db_url: str) -> None:
-    store = ActionStore(ttl_ms=1)
+    store = ActionStore(ttl_s=0.001)
     async with sessions_for(db_url) as sessions:
         first = await begin(sessions, store, **req())
         done = await in_tx(sessions, lambda s: store.complete(s, first.lease, result={"n": 1}))
@@ -281,7 +281,7 @@ async def test_after_expiry_a_begin_starts_a_new_generation_audited(db_url: str)
 
 
 async def test_unknown_and_running_records_never_expire(db_url: str) -> None:
-    store = ActionStore(ttl_ms=1)
+    store = ActionStore(ttl_s=0.001)
     async with sessions_for(db_url) as sessions:
         first = await begin(sessions, store, **req())
         unknown = await in_tx(sessions, lambda s: store.mark_unknown(s, first.lease, "timeout"))
@@ -297,7 +297,7 @@ async def test_unknown_and_running_records_never_expire(db_url: str) -> None:
 async def test_cleanup_deletes_expired_records_in_chunks_and_keeps_the_audit(
     db_url: str,
 ) -> None:
-    store = ActionStore(ttl_ms=1)
+    store = ActionStore(ttl_s=0.001)
     async with sessions_for(db_url) as sessions:
         last = None
         for n in range(7):
@@ -309,7 +309,7 @@ async def test_cleanup_deletes_expired_records_in_chunks_and_keeps_the_audit(
         assert await in_tx(sessions, lambda s: store.get(s, T, "op-0")) is None
         trail = await in_tx(sessions, lambda s: store.history(s, T, "op-0"))
         assert len(trail) == 3
-        assert await purge_audit(sessions, older_than_ms=0, chunk_size=5) == 21
+        assert await purge_audit(sessions, older_than_s=0, chunk_size=5) == 21
     assert count_operations(db_url) == 0
 
 

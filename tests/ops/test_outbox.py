@@ -19,7 +19,7 @@ from tests.support.ops import cli
 BIG = "x" * 300_000  # above the relay's max_request_size below, below the broker's limit
 PARKING = RelayOptions(
     lease_ttl_s=5.0,
-    kafka_request_timeout_ms=2000,
+    request_timeout_s=2.0,
     poll_interval_s=0.2,
     max_request_size=100_000,
     max_attempts=2,
@@ -50,7 +50,10 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
             new_event("order.placed", "/shop", {"n": 2}, id="small-2", partitionkey="a"),
         ],
     )
-    assert await Relay(pg_url, kafka_bootstrap, PARKING).drain(timeout=60) == 2
+    assert (
+        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=PARKING).drain(timeout_s=60)
+        == 2
+    )
 
     listed = await cli("outbox", "list", "--parked", "--json", *db)
     assert listed.code == 0, listed.err
@@ -94,7 +97,10 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
 
     # The operator raised the size limit: a relay now publishes both requeued rows.
     fixed = replace(PARKING, max_request_size=1024 * 1024)
-    assert await Relay(pg_url, kafka_bootstrap, fixed).drain(timeout=60) == 2
+    assert (
+        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=fixed).drain(timeout_s=60)
+        == 2
+    )
     records = await read_topic(kafka_bootstrap, topic, expected=4)
     assert sorted(dict(r.headers)["ce_id"] for r in records) == [
         b"big-1",

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 
+import pytest
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
 from cloudevents.core.formats.json import JSONFormat
 from outboxkit.outbox import Outbox, new_event
-from outboxkit.outbox.db import make_engine
-from outboxkit.outbox.tables import outbox_events
+from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay import Relay, RelayOptions
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tests.support.kafka import read_topic
+from tests.support.kafka import read_topic, wait_for
 
 FAST = RelayOptions(
     lease_ttl_s=5.0,
-    kafka_request_timeout_ms=2000,
+    request_timeout_s=2.0,
     poll_interval_s=0.2,
     retention_s=3600,
 )
@@ -63,7 +66,9 @@ async def test_committed_event_arrives_once_and_decodes_to_the_same_event(
     )
     write_events(db_url, topic, [original])
 
-    published = await Relay(db_url, kafka_bootstrap, FAST).drain(timeout=60)
+    published = await Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=FAST).drain(
+        timeout_s=60
+    )
 
     assert published == 1
     records = await read_topic(kafka_bootstrap, topic, expected=1)
@@ -106,8 +111,11 @@ async def test_retention_zero_deletes_rows_once_published(
     pg_url: str, kafka_bootstrap: str, topic: str
 ) -> None:
     write_events(pg_url, topic, [new_event("a", "/s", {"n": n}) for n in range(20)])
-    options = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, retention_s=0)
-    assert await Relay(pg_url, kafka_bootstrap, options).drain(timeout=60) == 20
+    options = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=0)
+    assert (
+        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
+        == 20
+    )
     assert len(await read_topic(kafka_bootstrap, topic, expected=20)) == 20
     assert table_counts(pg_url)["total"] == 0
 
@@ -121,7 +129,7 @@ async def test_poison_row_is_parked_with_its_error_while_others_go_through(
     write_events(db_url, topic, events)
     options = RelayOptions(
         lease_ttl_s=5.0,
-        kafka_request_timeout_ms=2000,
+        request_timeout_s=2.0,
         max_request_size=100_000,
         max_attempts=3,
         retention_s=3600,
@@ -130,7 +138,7 @@ async def test_poison_row_is_parked_with_its_error_while_others_go_through(
         **{**options.__dict__, "row_backoff": type(options.row_backoff)(base_s=0.05, cap_s=0.1)}
     )
 
-    await Relay(db_url, kafka_bootstrap, options).drain(timeout=60)
+    await Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
 
     records = await read_topic(kafka_bootstrap, topic, expected=30)
     assert sorted(json.loads(r.value)["n"] for r in records) == list(range(30))
@@ -152,11 +160,104 @@ async def test_published_rows_are_kept_then_deleted_in_chunks(
     from outboxkit.relay.retention import delete_published
 
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(25)])
-    relay = Relay(sqlite_url, kafka_bootstrap, FAST)
-    assert await relay.drain(timeout=60) == 25
+    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    assert await relay.drain(timeout_s=60) == 25
     engine = relay.engine
     assert await delete_published(engine, retention_ms=3_600_000, chunk=10) == 0
     assert table_counts(sqlite_url)["total"] == 25
     assert await delete_published(engine, retention_ms=-1000, chunk=10) == 25
     await engine.dispose()
     assert table_counts(sqlite_url)["total"] == 0
+
+
+def lease_rows(url: str, relay_id: str) -> tuple[int, int]:
+    """Shards leased to ``relay_id`` and its heartbeat rows."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        leased = conn.scalar(
+            select(func.count())
+            .select_from(outbox_shard_leases)
+            .where(outbox_shard_leases.c.holder == relay_id)
+        )
+        alive = conn.scalar(
+            select(func.count())
+            .select_from(outbox_relays)
+            .where(outbox_relays.c.relay_id == relay_id)
+        )
+    engine.dispose()
+    return leased or 0, alive or 0
+
+
+async def test_stop_mid_stream_settles_what_was_sent_so_a_successor_sends_no_duplicate(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    write_events(pg_url, topic, [new_event("a", "/s", {"n": n}) for n in range(600)])
+    engine = make_async_engine(pg_url)
+    options = replace(FAST, batch_size=10)
+    try:
+        async with Relay(engine=engine, bootstrap=kafka_bootstrap, options=options) as first:
+            assert first.running
+            await wait_for(lambda: first.stats.published, lambda n: n >= 10, 30, "a first batch")
+        assert not first.running
+        assert first.stats.published < 600, "the boundary under test: stopped mid-stream"
+        # Stopped wherever it was: everything it sent is recorded, its shards are free at once.
+        assert table_counts(pg_url)["published"] == first.stats.published
+        assert lease_rows(pg_url, first.relay_id) == (0, 0)
+        await first.stop()  # idempotent
+        async with engine.connect() as conn:  # the caller's engine was left open
+            assert await conn.scalar(select(func.count()).select_from(outbox_events)) == 600
+    finally:
+        await engine.dispose()
+
+    second = Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=options)
+    assert await second.drain(timeout_s=60) == 600 - first.stats.published
+    records = await read_topic(kafka_bootstrap, topic, expected=600)
+    assert sorted(json.loads(r.value)["n"] for r in records) == list(range(600))
+
+
+async def test_run_works_until_stop_and_drain_finishes_a_running_relay(
+    sqlite_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    running = asyncio.create_task(relay.run())
+    write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(5)])
+    await wait_for(lambda: relay.stats.published, lambda n: n == 5, 30, "5 published")
+    assert not running.done(), "run() returns only once stop() is called"
+    await relay.stop()
+    await asyncio.wait_for(running, 30)
+    assert lease_rows(sqlite_url, relay.relay_id) == (0, 0)
+
+    write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(5, 12)])
+    async with relay:  # a stopped relay starts again
+        with pytest.raises(RuntimeError, match="already running"):
+            await relay.start()
+        assert await relay.drain(timeout_s=60) == 7
+        assert not relay.running
+    assert relay.stats.published == 12
+    records = await read_topic(kafka_bootstrap, topic, expected=12)
+    assert sorted(json.loads(r.value)["n"] for r in records) == list(range(12))
+
+
+def test_a_relay_takes_exactly_one_of_engine_or_db_url() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        Relay(bootstrap="127.0.0.1:1")
+    with pytest.raises(ValueError, match="exactly one"):
+        Relay(
+            engine=make_async_engine("sqlite:///unused.db"),
+            db_url="sqlite:///unused.db",
+            bootstrap="127.0.0.1:1",
+        )
+    with pytest.raises(ValueError, match="twice the Kafka request timeout"):
+        RelayOptions(lease_ttl_s=5.0, request_timeout_s=3.0)
+
+
+def test_listen_connection_reads_tls_from_the_url_the_way_asyncpg_does() -> None:
+    from outboxkit.relay.notify import listen_dsn
+
+    # The relay's own engine adds ssl=disable for loopback (asyncpg dialect spelling); asyncpg's
+    # DSN spells it sslmode, and would send "ssl" to the server as a setting, which fails.
+    engine_url = make_async_engine("postgresql://u:p@127.0.0.1:5432/db").url
+    assert listen_dsn(engine_url) == "postgresql://u:p@127.0.0.1:5432/db?sslmode=disable"
+    assert listen_dsn("postgresql+psycopg://u:p@db.example/x?sslmode=require") == (
+        "postgresql://u:p@db.example/x?sslmode=require"
+    )

@@ -44,8 +44,8 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
         Outbox(default_topic=topic).add(session, event)
     engine.dispose()
 
-    options = RelayOptions(lease_ttl_s=5.0, kafka_request_timeout_ms=2000, retention_s=3600)
-    await Relay(sqlite_url, kafka_bootstrap, options).drain(timeout=60)
+    options = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=3600)
+    await Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
 
     (publish,) = [s for s in spans.get_finished_spans() if s.name == "outbox publish"]
     assert publish.context.trace_id == producer_span.get_span_context().trace_id
