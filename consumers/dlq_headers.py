@@ -43,7 +43,7 @@ _OURS = frozenset(ALL)
 Header = tuple[str, bytes | None]
 
 
-class KafkaRecord(Protocol):
+class ConsumedRecord(Protocol):
     """What :meth:`DeadLetter.from_record` reads of a consumed record (aiokafka's has it)."""
 
     @property
@@ -108,7 +108,7 @@ class DeadLetter:
         ]
 
     @classmethod
-    def from_record(cls, record: KafkaRecord) -> DeadLetter:
+    def from_record(cls, record: ConsumedRecord) -> DeadLetter:
         """Read a record of a dead-letter topic back; missing or unreadable facts are ``None``."""
         headers = tuple(record.headers or ())
         texts = header_texts(headers)

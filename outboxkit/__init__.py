@@ -8,12 +8,13 @@ applies them once, ``outboxkit.actions`` runs an agent's side effects at most on
 """
 
 from outboxkit.actions import ActionStore, State, operation_key, run_action
-from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats, KafkaRecord
 from outboxkit.migrations import upgrade
 from outboxkit.outbox import (
     InvalidEventError,
     Outbox,
     OutboxError,
+    OutcomeUnknownError,
     PermanentError,
     RetryPolicy,
     TransientError,
@@ -28,8 +29,10 @@ __all__ = [
     "ConsumerRuntime",
     "ConsumerStats",
     "InvalidEventError",
+    "KafkaRecord",
     "Outbox",
     "OutboxError",
+    "OutcomeUnknownError",
     "PermanentError",
     "Relay",
     "RelayOptions",
