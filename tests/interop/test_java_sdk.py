@@ -88,7 +88,8 @@ async def test_relay_records_decode_in_the_java_sdk_with_every_attribute_equal(
 ) -> None:
     events = relay_events()
     write_events(sqlite_url, topic, events)
-    assert await Relay(sqlite_url, kafka_bootstrap, FAST).drain(timeout=60) == len(events)
+    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    assert await relay.drain(timeout_s=60) == len(events)
 
     raw = {
         dict(r.headers)["ce_id"].decode(): r for r in await read_topic(kafka_bootstrap, topic, 5)
@@ -211,7 +212,7 @@ async def test_java_sdk_events_are_applied_once_with_every_attribute_equal(
     java_sdk.produce(kafka_bootstrap, topic, [*sent, *redelivered])
 
     seen: dict[str, dict[str, Any]] = {}
-    app = ConsumerApp(name=f"interop-{uuid.uuid4().hex[:8]}", retention_interval=None)
+    app = ConsumerApp(name=f"interop-{uuid.uuid4().hex[:8]}", retention_interval_s=None)
 
     @app.handler(INTEROP_TYPE, topic=topic)
     async def apply(event: CloudEvent, record: KafkaRecord, session: AsyncSession) -> None:
