@@ -78,22 +78,24 @@ async def probe(settings: KafkaSettings, timeout_s: float = 10.0) -> str | None:
 
 async def explain(settings: KafkaSettings, error: BaseException, timeout_s: float = 10.0) -> str:
     """``error`` of an aiokafka client as one line naming the cause: for a failed bootstrap,
-    what :func:`probe` finds; otherwise the error's own text. Secrets are masked."""
-    line = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    what :func:`probe` finds; otherwise the error's own text (secrets masked)."""
     if isinstance(error, KafkaConnectionError | TimeoutError | OSError):
         found = await probe(settings, timeout_s)
         if found is not None:
-            line = found
-    return mask(line, settings)
+            return found
+    return mask(
+        f"{type(error).__name__}: {error}" if str(error) else type(error).__name__, settings
+    )
 
 
 def describe(
     error: BaseException, host: str, port: int, settings: KafkaSettings, timeout_s: float
 ) -> str:
-    """One line naming why connecting to ``host:port`` failed with ``error``."""
+    """One line naming why connecting to ``host:port`` failed with ``error``; text taken from
+    the error itself has the secrets of ``settings`` masked."""
     where = f"{host}:{port}"
     if isinstance(error, ssl.SSLCertVerificationError):
-        detail = error.verify_message or str(error.reason)
+        detail = mask(error.verify_message or str(error.reason), settings)
         if "mismatch" in detail.lower():
             return (
                 f"TLS hostname mismatch: the certificate of {where} is not valid for {host!r} "
@@ -114,7 +116,9 @@ def describe(
         hint = ""
         if "WRONG_VERSION" in str(error) or "record layer" in str(error):
             hint = " (is the listener TLS? check security_protocol)"
-        return f"TLS handshake with {where} failed: {error.reason or error}{hint}"
+        return (
+            f"TLS handshake with {where} failed: {mask(str(error.reason or error), settings)}{hint}"
+        )
     if isinstance(error, ConnectionRefusedError):
         return f"connection refused by {where} (no broker listens there)"
     if isinstance(error, socket.gaierror):
@@ -129,7 +133,7 @@ def describe(
             f"{where} closed the connection during the handshake: it refused the client "
             "certificate (mTLS), or security_protocol does not match the listener"
         )
-    return f"connecting to {where}: {type(error).__name__}: {error}"
+    return f"connecting to {where}: {type(error).__name__}: {mask(str(error), settings)}"
 
 
 def mask(text: str, settings: KafkaSettings) -> str:

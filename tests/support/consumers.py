@@ -68,10 +68,16 @@ def binary_record(event: CloudEvent) -> RawRecord:
 
 
 async def produce(
-    bootstrap: str, topic: str, records: Iterable[RawRecord], partition: int | None = None
+    bootstrap: str | KafkaSettings,
+    topic: str,
+    records: Iterable[RawRecord],
+    partition: int | None = None,
 ) -> None:
     """Send raw records to ``topic`` and wait until the broker has them all."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    kafka = (
+        bootstrap if isinstance(bootstrap, KafkaSettings) else KafkaSettings(bootstrap=bootstrap)
+    )
+    producer = AIOKafkaProducer(**kafka.client_options("outboxkit-tests"), enable_idempotence=True)
     await producer.start()
     try:
         futures = [
