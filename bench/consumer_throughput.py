@@ -36,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from outboxkit.consumers import ConsumerRuntime, inbox_events
 from outboxkit.outbox import encode_binary
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import func, insert, select
 
@@ -126,7 +127,10 @@ async def runtime(
     """Seconds for a ConsumerRuntime (inbox dedupe) whose handler writes ``effect``."""
     app = make_app(topic, effect=effect)
     consumer = ConsumerRuntime(
-        app, bootstrap=bootstrap, db_url=url, group=f"runtime-{uuid.uuid4().hex[:6]}"
+        app,
+        kafka=KafkaSettings(bootstrap=bootstrap),
+        db_url=url,
+        group=f"runtime-{uuid.uuid4().hex[:6]}",
     )
     task = asyncio.create_task(consumer.run())
     try:

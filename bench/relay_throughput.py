@@ -16,6 +16,7 @@ import uuid
 
 from aiokafka import AIOKafkaProducer
 from outboxkit.outbox import encode_binary
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
@@ -55,7 +56,7 @@ async def relay_drain(url: str, bootstrap: str, topic: str) -> tuple[float, int]
     await warm.stop()
     relay = Relay(
         db_url=url,
-        bootstrap=bootstrap,
+        kafka=KafkaSettings(bootstrap=bootstrap),
         options=RelayOptions(batch_size=1000, retention_s=3600, listen=False),
     )
     started = time.perf_counter()

@@ -6,10 +6,22 @@ import asyncio
 import importlib
 import os
 import sys
+from pathlib import Path
 
 import typer
 from outboxkit.cli.errors import CliError
-from outboxkit.cli.options import DbUrlOption, settings_from
+from outboxkit.cli.options import (
+    BootstrapOption,
+    DbUrlOption,
+    SaslMechanismOption,
+    SaslUsernameOption,
+    SecurityProtocolOption,
+    SslCafileOption,
+    SslCertfileOption,
+    SslKeyfileOption,
+    kafka_from,
+    settings_from,
+)
 from outboxkit.consumers.app import ConsumerApp
 from outboxkit.consumers.metrics import RuntimeCollector
 from outboxkit.consumers.runtime import ConsumerRuntime, serve
@@ -46,9 +58,13 @@ def load_app(target: str) -> ConsumerApp:
 def consume(
     target: str = typer.Argument(..., metavar="MODULE:APP", help="The ConsumerApp to run."),
     db_url: str | None = DbUrlOption,
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Kafka bootstrap servers [env: OUTBOXKIT_KAFKA_BOOTSTRAP]."
-    ),
+    bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     group: str | None = typer.Option(
         None, "--group", help="Kafka consumer group (default: the app's group or name)."
     ),
@@ -69,11 +85,18 @@ def consume(
     consumer_app = load_app(target)
     if unhandled is not None:
         consumer_app.unhandled = unhandled  # type: ignore[assignment]
-    settings = settings_from(db_url, bootstrap)
-    configure_logging(level)
-    runtime = ConsumerRuntime(
-        consumer_app, bootstrap=settings.kafka_bootstrap, db_url=settings.db_url, group=group
+    settings = settings_from(db_url)
+    kafka = kafka_from(
+        bootstrap,
+        security_protocol,
+        sasl_mechanism,
+        sasl_username,
+        ssl_cafile,
+        ssl_certfile,
+        ssl_keyfile,
     )
+    configure_logging(level)
+    runtime = ConsumerRuntime(consumer_app, kafka=kafka, db_url=settings.db_url, group=group)
     if metrics_port is not None:
         REGISTRY.register(RuntimeCollector(runtime))
         serve_metrics(metrics_port)

@@ -6,7 +6,7 @@ import signal
 import threading
 
 import typer
-from outboxkit.testing.kafka import KafkaBroker
+from outboxkit.testing.kafka import SECURITY_MODES, KafkaBroker
 
 dev_app = typer.Typer(help="Development helpers.", no_args_is_help=True)
 
@@ -15,17 +15,60 @@ dev_app = typer.Typer(help="Development helpers.", no_args_is_help=True)
 def dev_kafka(
     port: int = typer.Option(0, "--port", help="Broker port on 127.0.0.1 (0: a free one)."),
     auto_create_topics: bool = typer.Option(True, help="Let the broker create topics on use."),
+    security: str | None = typer.Option(
+        None,
+        "--security",
+        help="Secure the client listener: ssl (TLS), mtls (TLS + client certificates) or "
+        "sasl_ssl (TLS + SCRAM users), with a throwaway CA.",
+    ),
 ) -> None:
-    """Run a real single-node Apache Kafka broker until SIGTERM or Ctrl-C."""
+    """Run a real single-node Apache Kafka broker until SIGTERM or Ctrl-C.
+
+    Prints ``ready: BOOTSTRAP``, then (with ``--security``) the OUTBOXKIT_KAFKA_* settings a
+    client needs, as shell ``export`` lines.
+    """
     if port < 0 or port > 65535:
         raise typer.BadParameter(f"port {port} is out of range 0-65535", param_hint="--port")
-    broker = KafkaBroker(port=port or None, auto_create_topics=auto_create_topics)
+    mode = security.lower() if security else None
+    if mode is not None and mode not in SECURITY_MODES:
+        raise typer.BadParameter(
+            f"{security!r} is not one of {', '.join(SECURITY_MODES)}", param_hint="--security"
+        )
+    broker = KafkaBroker(
+        port=port or None,
+        auto_create_topics=auto_create_topics,
+        security=mode,
+    )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     broker.start()
     typer.echo(f"ready: {broker.bootstrap}", err=False)
+    if mode is not None:
+        for line in client_exports(broker):
+            typer.echo(line)
     try:
         stop.wait()
     finally:
         broker.close()
+
+
+def client_exports(broker: KafkaBroker) -> list[str]:
+    """``export OUTBOXKIT_KAFKA_...=...`` lines for a client of ``broker``.
+
+    They include the throwaway password and key passphrase on purpose: this broker and its
+    CA live only as long as the command, and a client cannot connect without them.
+    """
+    kafka = broker.kafka
+    lines = [
+        f"export OUTBOXKIT_KAFKA_{name.upper()}={value}" for name, value in kafka.describe().items()
+    ]
+    secrets = {"sasl_password": kafka.sasl_password, "ssl_key_password": kafka.ssl_key_password}
+    shown = [
+        f"export OUTBOXKIT_KAFKA_{name.upper()}={value.get_secret_value()}"
+        for name, value in secrets.items()
+        if value is not None
+    ]
+    if shown:
+        lines.append("# throwaway development secrets, valid only for this broker:")
+    return lines + shown

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -20,7 +21,14 @@ from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
     JsonOption,
+    SaslMechanismOption,
+    SaslUsernameOption,
+    SecurityProtocolOption,
+    SslCafileOption,
+    SslCertfileOption,
+    SslKeyfileOption,
     TimeoutOption,
+    kafka_from,
     parse_time,
     settings_from,
 )
@@ -32,6 +40,7 @@ from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -81,7 +90,7 @@ PartitionsOption = Annotated[
 
 @dataclass(frozen=True)
 class _Connection:
-    bootstrap: str
+    kafka: KafkaSettings
     timeout: float
 
 
@@ -108,15 +117,11 @@ def _filter(
     )
 
 
-def _connection(bootstrap: str | None, timeout: float) -> _Connection:
-    return _Connection(settings_from(kafka_bootstrap=bootstrap).kafka_bootstrap, timeout)
-
-
 def _run(connection: _Connection, work: Callable[[DlqReader], Awaitable[T]]) -> T:
     quiet_kafka_logs()
 
     async def main() -> T:
-        async with DlqReader(connection.bootstrap, connection.timeout) as reader:
+        async with DlqReader(connection.kafka, connection.timeout) as reader:
             return await work(reader)
 
     return asyncio.run(main())
@@ -143,6 +148,12 @@ def list_command(
     limit: int = typer.Option(1000, "--limit", min=1, help="Records listed at most."),
     as_json: bool = JsonOption,
     bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     timeout: float = TimeoutOption,
 ) -> None:
     """List dead-letter records, or with --group count them per failure cause."""
@@ -160,7 +171,21 @@ def list_command(
                 shown.append(record)
         return matched, shown, groups
 
-    matched, shown, groups = _run(_connection(bootstrap, timeout), collect)
+    matched, shown, groups = _run(
+        _Connection(
+            kafka_from(
+                bootstrap,
+                security_protocol,
+                sasl_mechanism,
+                sasl_username,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+            ),
+            timeout,
+        ),
+        collect,
+    )
     ordered = groups.ordered()
     if as_json:
         document: dict[str, Any] = {"topic": topic, "matched": matched}
@@ -241,11 +266,29 @@ def show_command(
     ),
     as_json: bool = JsonOption,
     bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     timeout: float = TimeoutOption,
 ) -> None:
     """Show one dead-letter record: headers decoded, data pretty-printed (capped)."""
     record = _run(
-        _connection(bootstrap, timeout), lambda reader: reader.fetch(topic, partition, offset)
+        _Connection(
+            kafka_from(
+                bootstrap,
+                security_protocol,
+                sasl_mechanism,
+                sasl_username,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+            ),
+            timeout,
+        ),
+        lambda reader: reader.fetch(topic, partition, offset),
     )
     letter = record.letter
     content_type = header_texts(letter.headers).get("content-type")
@@ -351,6 +394,12 @@ def replay_command(
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     timeout: float = TimeoutOption,
 ) -> None:
     """Republish the original records (key, value, CloudEvents headers) once each."""
@@ -358,8 +407,19 @@ def replay_command(
         types, sources, error_classes, since, until, from_offset, to_offset, partitions
     )
     options = ReplayOptions(by=by or os_user(), target=to, dry_run=dry_run, rate=rate, force=force)
-    settings = settings_from(db_url, bootstrap)
-    connection = _Connection(settings.kafka_bootstrap, timeout)
+    settings = settings_from(db_url)
+    connection = _Connection(
+        kafka_from(
+            bootstrap,
+            security_protocol,
+            sasl_mechanism,
+            sasl_username,
+            ssl_cafile,
+            ssl_certfile,
+            ssl_keyfile,
+        ),
+        timeout,
+    )
     engine = ops_engine(settings.db_url, timeout)
     progress = _progress(as_json)
 

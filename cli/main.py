@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 
 import typer
 from outboxkit.cli.actions import actions_app
@@ -19,6 +20,7 @@ from outboxkit.cli.migrate import migrate
 from outboxkit.cli.outbox import outbox_app
 from outboxkit.cli.relay import relay
 from outboxkit.cli.status import status
+from outboxkit.outbox.config_file import use_config_file
 
 app = typer.Typer(
     name="outboxkit",
@@ -28,6 +30,23 @@ app = typer.Typer(
     rich_markup_mode=None,
     add_completion=False,
 )
+
+
+ConfigOption = typer.Option(
+    None,
+    "--config",
+    help="TOML file with [kafka] and [database] tables [env: OUTBOXKIT_CONFIG]. "
+    "A flag beats an OUTBOXKIT_* variable, which beats the file.",
+)
+
+
+@app.callback()
+def settings_file(config: Path | None = ConfigOption) -> None:
+    """Transactional outbox, Kafka relay, inbox consumers and agent actions."""
+    if config is not None:
+        use_config_file(config)
+
+
 app.command()(migrate)
 app.command()(relay)
 app.command()(consume)

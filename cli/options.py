@@ -5,16 +5,48 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import typer
 from outboxkit.cli.errors import CliError
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.settings import Settings
 
 DbUrlOption = typer.Option(None, "--db-url", help="Database URL [env: OUTBOXKIT_DB_URL].")
+# Kafka connection flags, the same on every command that talks to Kafka. Secrets (the SASL
+# password, the key passphrase) have no flag: a command line is visible to every local user.
 BootstrapOption = typer.Option(
     None, "--bootstrap", help="Kafka bootstrap servers [env: OUTBOXKIT_KAFKA_BOOTSTRAP]."
+)
+SecurityProtocolOption = typer.Option(
+    None,
+    "--security-protocol",
+    help="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL [env: OUTBOXKIT_KAFKA_SECURITY_PROTOCOL].",
+)
+SaslMechanismOption = typer.Option(
+    None,
+    "--sasl-mechanism",
+    help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER "
+    "[env: OUTBOXKIT_KAFKA_SASL_MECHANISM]; the password: OUTBOXKIT_KAFKA_SASL_PASSWORD.",
+)
+SaslUsernameOption = typer.Option(
+    None, "--sasl-username", help="SASL user [env: OUTBOXKIT_KAFKA_SASL_USERNAME]."
+)
+SslCafileOption = typer.Option(
+    None, "--ssl-cafile", help="CA certificates (PEM) to trust [env: OUTBOXKIT_KAFKA_SSL_CAFILE]."
+)
+SslCertfileOption = typer.Option(
+    None,
+    "--ssl-certfile",
+    help="Client certificate (PEM) for mTLS [env: OUTBOXKIT_KAFKA_SSL_CERTFILE].",
+)
+SslKeyfileOption = typer.Option(
+    None,
+    "--ssl-keyfile",
+    help="Client key (PEM) for mTLS [env: OUTBOXKIT_KAFKA_SSL_KEYFILE]; its passphrase: "
+    "OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD.",
 )
 TimeoutOption = typer.Option(
     DEFAULT_TIMEOUT_S,
@@ -28,11 +60,33 @@ _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
-def settings_from(db_url: str | None = None, kafka_bootstrap: str | None = None) -> Settings:
-    """Settings from the environment, overridden by the flags that were given."""
-    given = {"db_url": db_url, "kafka_bootstrap": kafka_bootstrap}
+def settings_from(db_url: str | None = None) -> Settings:
+    """Settings from the flags given, then the environment, then the config file."""
+    given = {"db_url": db_url}
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     return Settings(**overrides)
+
+
+def kafka_from(
+    bootstrap: str | None = None,
+    security_protocol: str | None = None,
+    sasl_mechanism: str | None = None,
+    sasl_username: str | None = None,
+    ssl_cafile: Path | None = None,
+    ssl_certfile: Path | None = None,
+    ssl_keyfile: Path | None = None,
+) -> KafkaSettings:
+    """Kafka settings from the flags given, then ``OUTBOXKIT_KAFKA_*``, then the config file;
+    a missing or contradictory setting is one line and exit 2."""
+    return KafkaSettings.load(
+        bootstrap=bootstrap,
+        security_protocol=security_protocol,
+        sasl_mechanism=sasl_mechanism,
+        sasl_username=sasl_username,
+        ssl_cafile=ssl_cafile,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
 
 
 def parse_duration_ms(text: str, option: str = "duration") -> int:

@@ -5,9 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 
 import typer
-from outboxkit.cli.options import settings_from
+from outboxkit.cli.options import (
+    BootstrapOption,
+    SaslMechanismOption,
+    SaslUsernameOption,
+    SecurityProtocolOption,
+    SslCafileOption,
+    SslCertfileOption,
+    SslKeyfileOption,
+    kafka_from,
+    settings_from,
+)
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import serve_metrics
 from outboxkit.relay import Relay, RelayOptions
@@ -15,9 +26,13 @@ from outboxkit.relay import Relay, RelayOptions
 
 def relay(
     db_url: str | None = typer.Option(None, "--db-url", help="[env: OUTBOXKIT_DB_URL]"),
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Kafka bootstrap servers [env: OUTBOXKIT_KAFKA_BOOTSTRAP]."
-    ),
+    bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     batch_size: int = typer.Option(500, min=1, max=10_000, help="Rows per claim."),
     lease_ttl: float = typer.Option(30.0, min=1.0, help="Seconds a dead relay blocks its shards."),
     poll_interval: float = typer.Option(1.0, min=0.01, help="Seconds between polls."),
@@ -38,7 +53,16 @@ def relay(
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
     configure_logging(json_lines=json_logs)
-    settings = settings_from(db_url, bootstrap)
+    settings = settings_from(db_url)
+    kafka = kafka_from(
+        bootstrap,
+        security_protocol,
+        sasl_mechanism,
+        sasl_username,
+        ssl_cafile,
+        ssl_certfile,
+        ssl_keyfile,
+    )
     try:
         options = RelayOptions(
             batch_size=batch_size,
@@ -54,9 +78,7 @@ def relay(
         raise typer.BadParameter(str(error)) from error
     if metrics_port is not None:
         serve_metrics(metrics_port)
-    relay_process = Relay(
-        db_url=settings.db_url, bootstrap=settings.kafka_bootstrap, options=options
-    )
+    relay_process = Relay(db_url=settings.db_url, kafka=kafka, options=options)
     asyncio.run(_run(relay_process, drain))
 
 

@@ -16,6 +16,7 @@ import contextlib
 import json
 from collections.abc import Callable, Coroutine
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -24,7 +25,14 @@ from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
     JsonOption,
+    SaslMechanismOption,
+    SaslUsernameOption,
+    SecurityProtocolOption,
+    SslCafileOption,
+    SslCertfileOption,
+    SslKeyfileOption,
     TimeoutOption,
+    kafka_from,
     settings_from,
 )
 from outboxkit.ops.access import quiet_kafka_logs
@@ -82,6 +90,12 @@ def status(
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
     timeout: float = TimeoutOption,
 ) -> int:
     """Outbox backlog, relays and shard leases, UNKNOWN actions, inbox, consumer lag, dead
@@ -94,14 +108,23 @@ def status(
         raise CliError(f"SECONDS ({seconds:g}) is the refresh interval of --watch: add --watch")
     if watch and as_json:
         raise CliError("--watch draws a live view for a terminal: use --json without --watch")
-    settings = settings_from(db_url, bootstrap)
+    settings = settings_from(db_url)
+    kafka = kafka_from(
+        bootstrap,
+        security_protocol,
+        sasl_mechanism,
+        sasl_username,
+        ssl_cafile,
+        ssl_certfile,
+        ssl_keyfile,
+    )
     limits = Thresholds(max_oldest_age, max_dlq, max_parked, max_lag)
     quiet_kafka_logs()
 
     def read() -> Coroutine[Any, Any, StatusReport]:
         return read_status(
             settings.db_url,
-            settings.kafka_bootstrap,
+            kafka,
             groups=groups or (),
             dlq_topics=dlq_topics or (),
             timeout=timeout,

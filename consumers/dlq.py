@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from outboxkit.consumers.dlq_headers import DeadLetter
 from outboxkit.consumers.errors import error_class, safe_message
 from outboxkit.consumers.metrics import ConsumerStats
+from outboxkit.outbox.kafka_failures import explain
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.retry import RetryPolicy
 
 __all__ = [
@@ -69,7 +71,7 @@ class DeadLetterPublisher:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaSettings,
         group: str,
         topic_pattern: str = DEFAULT_DLQ_TOPIC,
         timeout_s: float = 10.0,
@@ -78,14 +80,19 @@ class DeadLetterPublisher:
         self.group = group
         self.topic_pattern = topic_pattern
         self.timeout_s = timeout_s
-        options: dict[str, Any] = {"client_id": f"outboxkit-dlq-{group}"}
+        self.kafka = kafka
+        options = kafka.client_options(f"outboxkit-dlq-{group}")
         options.update(producer_options or {})
         options.update(enable_idempotence=True, acks="all")
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **options)
+        self._producer = AIOKafkaProducer(**options)
 
     async def start(self) -> None:
-        """Connect to the cluster."""
-        await self._producer.start()
+        """Connect to the cluster; a failure to connect is a ``KafkaConnectionError`` whose
+        message names the cause (a rejected password, an untrusted certificate)."""
+        try:
+            await self._producer.start()
+        except KafkaConnectionError as error:
+            raise KafkaConnectionError(await explain(self.kafka, error, self.timeout_s)) from error
 
     async def stop(self) -> None:
         """Flush and disconnect."""

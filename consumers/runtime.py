@@ -27,6 +27,7 @@ from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -62,7 +63,7 @@ class ConsumerRuntime:
         self,
         app: ConsumerApp,
         *,
-        bootstrap: str,
+        kafka: KafkaSettings,
         engine: AsyncEngine | None = None,
         db_url: str | None = None,
         group: str | None = None,
@@ -75,7 +76,7 @@ class ConsumerRuntime:
         if not app.handlers:
             raise ConsumerError(f"consumer {app.name!r} has no handlers")
         self.app = app
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.group = group or app.group_id
         self.stats = ConsumerStats()
         self.assignment: set[TopicPartition] = set()
@@ -128,7 +129,7 @@ class ConsumerRuntime:
         engine = self._engine or self._owned_engine
         assert engine is not None
         publisher = DeadLetterPublisher(
-            self.bootstrap,
+            self.kafka,
             self.group,
             topic_pattern=self.app.dlq_topic,
             timeout_s=self.app.dlq_timeout_s,
@@ -239,14 +240,14 @@ class ConsumerRuntime:
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         options: dict[str, Any] = {
-            "client_id": f"outboxkit-{self.app.name}",
+            **self.kafka.client_options(f"outboxkit-{self.app.name}"),
             "auto_offset_reset": "earliest",
             "max_poll_records": self.app.max_batch,
             **FETCH_DEFAULTS,
         }
         options.update(self._consumer_options)
         options.update(group_id=self.group, enable_auto_commit=False)
-        return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, **options)
+        return AIOKafkaConsumer(**options)
 
     async def _check_database(self, engine: AsyncEngine) -> None:
         async with engine.connect() as connection:

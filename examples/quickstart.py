@@ -25,6 +25,7 @@ from outboxkit.consumers import ConsumerApp, ConsumerRuntime
 from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import Relay, RelayOptions
@@ -131,7 +132,7 @@ async def show_topic(bootstrap: str, expected: int) -> list:
 
 async def consume(db_url: str, bootstrap: str, records: list) -> None:
     """Run the billing consumer until every order is invoiced, then redeliver one record."""
-    runtime = ConsumerRuntime(billing, bootstrap=bootstrap, db_url=db_url)
+    runtime = ConsumerRuntime(billing, kafka=KafkaSettings(bootstrap=bootstrap), db_url=db_url)
     running = asyncio.create_task(runtime.run())
     try:
         await _until(lambda: count_rows(db_url, invoices) == len(records), runtime, running)
@@ -189,7 +190,11 @@ def main() -> None:
     print(f"migrated {db_url}")
     place_orders(db_url)
     with kafka() as bootstrap:
-        relay = Relay(db_url=db_url, bootstrap=bootstrap, options=RelayOptions(poll_interval_s=0.2))
+        relay = Relay(
+            db_url=db_url,
+            kafka=KafkaSettings(bootstrap=bootstrap),
+            options=RelayOptions(poll_interval_s=0.2),
+        )
         published = asyncio.run(relay.drain(timeout_s=120))
         print(f"relay published {published} events; records on Kafka topic {TOPIC!r}:")
         records = asyncio.run(show_topic(bootstrap, published))

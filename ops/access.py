@@ -16,6 +16,8 @@ from typing import Any
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.errors import OutboxError
+from outboxkit.outbox.kafka_failures import explain, mask
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -42,8 +44,13 @@ def quiet_kafka_logs() -> None:
 
 
 @contextlib.asynccontextmanager
-async def kafka_bounded(bootstrap: str, timeout: float, what: str) -> AsyncIterator[None]:
-    """Run the block within ``timeout`` seconds; broker failures become one-line errors."""
+async def kafka_bounded(kafka: KafkaSettings, timeout: float, what: str) -> AsyncIterator[None]:
+    """Run the block within ``timeout`` seconds; broker failures become one-line errors.
+
+    A failed connection names its cause (wrong password, untrusted certificate, hostname
+    mismatch, refused), found by connecting once more; no secret is ever part of the line.
+    """
+    bootstrap = kafka.bootstrap
     try:
         async with asyncio.timeout(timeout):
             yield
@@ -52,9 +59,11 @@ async def kafka_bounded(bootstrap: str, timeout: float, what: str) -> AsyncItera
             f"kafka at {bootstrap} did not answer within {timeout:g} s ({what})"
         ) from None
     except KafkaConnectionError as error:
-        raise KafkaUnreachableError(f"kafka at {bootstrap} unreachable ({what}): {error}") from None
+        cause = await explain(kafka, error, timeout)
+        raise KafkaUnreachableError(f"kafka at {bootstrap} unreachable ({what}): {cause}") from None
     except KafkaError as error:
-        raise KafkaUnreachableError(f"kafka at {bootstrap} failed ({what}): {error}") from None
+        cause = mask(str(error) or type(error).__name__, kafka)
+        raise KafkaUnreachableError(f"kafka at {bootstrap} failed ({what}): {cause}") from None
 
 
 def ops_engine(db_url: str, timeout: float) -> AsyncEngine:

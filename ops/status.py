@@ -35,6 +35,7 @@ from outboxkit.ops.access import (
 from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from sqlalchemy import func, or_, select
@@ -283,7 +284,7 @@ def cause_line(error: BaseException, secrets: Iterable[str] = ()) -> str:
 
 async def read_status(
     db_url: str,
-    bootstrap: str,
+    kafka_settings: KafkaSettings,
     *,
     groups: Sequence[str] = (),
     dlq_topics: Sequence[str] = (),
@@ -320,7 +321,7 @@ async def read_status(
                 )
             return list(database.inbox.by_consumer)
 
-        kafka, consumers, dlq = await _read_kafka(bootstrap, timeout, group_names, dlq_topics)
+        kafka, consumers, dlq = await _read_kafka(kafka_settings, timeout, group_names, dlq_topics)
         database = await database_task
         if engine is not None and not isinstance(database, Unreachable):
             await _add_replayed(engine, timeout, dlq)
@@ -354,12 +355,12 @@ async def _read_database(
 
 
 async def _read_kafka(
-    bootstrap: str,
+    kafka: KafkaSettings,
     timeout: float,
     group_names: Callable[[], Awaitable[list[str] | Unreachable]],
     dlq_topics: Sequence[str],
 ) -> tuple[Unreachable | None, Consumers, DeadLetters]:
-    reader = DlqReader(bootstrap, timeout)
+    reader = DlqReader(kafka, timeout)
     try:
         await reader.__aenter__()
     except OpsError as error:
@@ -480,14 +481,14 @@ async def group_lags(reader: DlqReader, groups: Sequence[str]) -> list[GroupLag]
     topics = await reader.topics()
     lags = []
     for group in groups:
-        async with kafka_bounded(reader.bootstrap, reader.timeout, f"offsets of group {group}"):
+        async with kafka_bounded(reader.kafka, reader.timeout, f"offsets of group {group}"):
             committed = await reader.admin.list_consumer_group_offsets(group)
         positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
         names = sorted({tp.topic for tp in positions if tp.topic in topics})
         tps = [TopicPartition(name, p) for name in names for p in topics[name]]
         lag = GroupLag(group, 0)
         if tps:
-            async with kafka_bounded(reader.bootstrap, reader.timeout, f"end offsets ({group})"):
+            async with kafka_bounded(reader.kafka, reader.timeout, f"end offsets ({group})"):
                 begins = await reader.consumer.beginning_offsets(tps)
                 ends = await reader.consumer.end_offsets(tps)
             for tp in tps:

@@ -10,12 +10,15 @@ from outboxkit.outbox.errors import (
     UnsupportedDatabaseError,
 )
 from outboxkit.outbox.events import EncodedEvent, encode_binary, new_event, new_event_id
+from outboxkit.outbox.kafka_settings import KafkaSettings, KafkaSettingsError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.outbox.writer import Outbox
 
 __all__ = [
     "EncodedEvent",
     "InvalidEventError",
+    "KafkaSettings",
+    "KafkaSettingsError",
     "Outbox",
     "OutboxError",
     "OutcomeUnknownError",

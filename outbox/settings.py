@@ -1,13 +1,16 @@
-"""Settings shared by every outboxkit process, read from flags or ``OUTBOXKIT_*`` variables."""
+"""Settings shared by every outboxkit process, read from flags, ``OUTBOXKIT_*`` variables or
+the config file (Kafka's are in :mod:`outboxkit.outbox.kafka_settings`)."""
 
 from __future__ import annotations
 
+from outboxkit.outbox.config_file import TomlTableSource
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """Connection settings; each field maps to an ``OUTBOXKIT_<NAME>`` environment variable."""
+    """Connection settings; each field maps to an ``OUTBOXKIT_<NAME>`` environment variable
+    and to a key of the config file's ``[database]`` table (``url`` for ``db_url``)."""
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_", extra="ignore")
 
@@ -15,6 +18,19 @@ class Settings(BaseSettings):
         default="sqlite:///outboxkit.db",
         description="SQLAlchemy URL of the database holding the outbox (sync or async driver).",
     )
-    kafka_bootstrap: str = Field(
-        default="127.0.0.1:9092", description="Kafka bootstrap servers, comma separated."
-    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments (flags) > environment > the config file's ``[database]`` table > defaults."""
+        return (
+            init_settings,
+            env_settings,
+            TomlTableSource(settings_cls, "database", {"url": "db_url"}),
+        )

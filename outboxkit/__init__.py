@@ -12,6 +12,7 @@ from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats, Kaf
 from outboxkit.migrations import upgrade
 from outboxkit.outbox import (
     InvalidEventError,
+    KafkaSettings,
     Outbox,
     OutboxError,
     OutcomeUnknownError,
@@ -30,6 +31,7 @@ __all__ = [
     "ConsumerStats",
     "InvalidEventError",
     "KafkaRecord",
+    "KafkaSettings",
     "Outbox",
     "OutboxError",
     "OutcomeUnknownError",

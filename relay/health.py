@@ -8,11 +8,14 @@ log = logging.getLogger("outboxkit.relay")
 
 
 class DependencyHealth:
-    """Tracks whether a dependency (database, Kafka) works and logs only the transitions."""
+    """Tracks whether a dependency (database, Kafka) works and logs only the transitions:
+    the first failure, each change of its cause (a rejected password after an outage, say),
+    and the recovery."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.failures = 0
+        self.cause: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -22,9 +25,11 @@ class DependencyHealth:
     def failed(self, error: BaseException) -> int:
         """Record a failure; return how many happened in a row."""
         self.failures += 1
-        if self.failures == 1:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            log.warning("%s unavailable: %s %s; retrying", self.name, type(error).__name__, reason)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        cause = f"{type(error).__name__} {reason}".strip()
+        if cause != self.cause:
+            self.cause = cause
+            log.warning("%s unavailable: %s; retrying", self.name, cause)
         return self.failures
 
     def succeeded(self) -> None:
@@ -32,3 +37,4 @@ class DependencyHealth:
         if self.failures:
             log.info("%s available again after %d failed attempts", self.name, self.failures)
         self.failures = 0
+        self.cause = None

@@ -33,6 +33,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from outboxkit.outbox import telemetry
+from outboxkit.outbox.kafka_failures import explain
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Failure
 
@@ -71,7 +73,7 @@ class Publisher:
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaSettings,
         *,
         request_timeout_s: float,
         linger_s: float,
@@ -79,15 +81,15 @@ class Publisher:
         max_request_size: int,
         client_id: str,
     ) -> None:
+        self._kafka = kafka
         self._config = {
-            "bootstrap_servers": bootstrap,
+            **kafka.client_options(client_id),
             "enable_idempotence": True,
             "acks": "all",
             "request_timeout_ms": round(request_timeout_s * 1000),
             "linger_ms": round(linger_s * 1000),
             "max_batch_size": max_batch_bytes,
             "max_request_size": max_request_size,
-            "client_id": client_id,
         }
         self._producer: AIOKafkaProducer | None = None
         self._partitioner = DefaultPartitioner()
@@ -104,7 +106,7 @@ class Publisher:
             await producer.start()
         except KafkaError as error:
             await _stop_quietly(producer, self._timeout_s)
-            raise KafkaUnavailable(str(error) or type(error).__name__) from error
+            raise KafkaUnavailable(await explain(self._kafka, error, self._timeout_s)) from error
         self._producer = producer
 
     async def reset(self) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
 from outboxkit.relay.health import DependencyHealth
@@ -46,7 +47,7 @@ class Relay:
     exactly one of ``engine`` (yours: the relay never disposes it) or ``db_url`` (the relay
     makes its engine and disposes it on stop)::
 
-        async with Relay(db_url=url, bootstrap="kafka:9092") as relay:
+        async with Relay(db_url=url, kafka=KafkaSettings(bootstrap="kafka:9092")) as relay:
             ...  # publishing in the background; relay.stats counts
 
     ``start`` begins the work in a background task and returns; database and Kafka outages
@@ -61,7 +62,7 @@ class Relay:
         *,
         engine: AsyncEngine | None = None,
         db_url: str | None = None,
-        bootstrap: str,
+        kafka: KafkaSettings,
         options: RelayOptions | None = None,
         relay_id: str | None = None,
     ) -> None:
@@ -82,7 +83,7 @@ class Relay:
         )
         self.claims = Claims(self.engine, self.relay_id)
         self.publisher = Publisher(
-            bootstrap,
+            kafka,
             request_timeout_s=self.options.request_timeout_s,
             linger_s=self.options.linger_s,
             max_batch_bytes=self.options.max_batch_bytes,

@@ -4,6 +4,12 @@ There is no Docker engine on every machine, so outboxkit ships this launcher: ``
 ``org.apache.kafka:kafka_2.13`` broker and a log4j2 binding into a cache folder once, then each
 broker gets a freshly formatted data directory and listens on 127.0.0.1 only. Internal topics use
 replication factor and min ISR 1, so idempotent and transactional producers work on one node.
+
+``KafkaBroker(security=...)`` secures the client listener: ``"ssl"`` (TLS), ``"mtls"`` (TLS with
+client certificates required) or ``"sasl_ssl"`` (TLS and SASL SCRAM-SHA-512, SCRAM-SHA-256 or
+PLAIN, one user made at format time), with a throwaway CA (:mod:`.certificates`). The broker's
+own listeners (inter-broker, controller) stay PLAINTEXT on ports of their own, 127.0.0.1 only.
+:attr:`KafkaBroker.kafka` gives the client settings.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -20,13 +27,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
+from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.testing.certificates import Certificates, make_certificates
 from outboxkit.testing.maven import MavenError, cache_root, copy_dependencies
 from outboxkit.testing.processes import terminate
 
 KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.24.3"
 READY_TIMEOUT_S = 90.0
+Security = Literal["ssl", "mtls", "sasl_ssl"]
+SECURITY_MODES: tuple[Security, ...] = ("ssl", "mtls", "sasl_ssl")
+SASL_USER = "outboxkit"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -98,9 +111,17 @@ class KafkaBroker:
         data_dir: Path | None = None,
         auto_create_topics: bool = True,
         log_level: str = "WARN",
+        security: Security | None = None,
     ) -> None:
+        if security is not None and security not in SECURITY_MODES:
+            raise ValueError(f"security must be one of {', '.join(SECURITY_MODES)} or None")
         self.port = port or free_port()
         self.controller_port = free_port()
+        self.security = security
+        self.internal_port = free_port() if security else None
+        # A throwaway secret of a throwaway broker: clients need it, so it is shown.
+        self.sasl_password = secrets.token_urlsafe(16) if security == "sasl_ssl" else None
+        self._certificates: Certificates | None = None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="outboxkit-kafka-"))
         self.auto_create_topics = auto_create_topics
         self.log_level = log_level
@@ -111,6 +132,35 @@ class KafkaBroker:
     def bootstrap(self) -> str:
         """The bootstrap address clients use."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def certificates(self) -> Certificates | None:
+        """The CA and certificates of a TLS broker (made on first use), else ``None``."""
+        if self.security is not None and self._certificates is None:
+            self._certificates = make_certificates(self.data_dir / "tls")
+        return self._certificates
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        """What a client needs to connect: bootstrap, protocol, CA, certificate, SASL user."""
+        files = self.certificates
+        given: dict[str, Any] = {"bootstrap": self.bootstrap, "security_protocol": "PLAINTEXT"}
+        if files is not None:
+            given.update(ssl_cafile=files.ca_file, security_protocol="SSL")
+        if self.security == "mtls" and files is not None:
+            given.update(
+                ssl_certfile=files.client_cert,
+                ssl_keyfile=files.client_key,
+                ssl_key_password=files.client_key_password,
+            )
+        if self.security == "sasl_ssl":
+            given.update(
+                security_protocol="SASL_SSL",
+                sasl_mechanism="SCRAM-SHA-512",
+                sasl_username=SASL_USER,
+                sasl_password=self.sasl_password,
+            )
+        return KafkaSettings(**given)
 
     @property
     def log_file(self) -> Path:
@@ -143,12 +193,65 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.dedupe.buffer.size": "1048577",
         }
+        properties.update(self._security_properties())
         config = self.data_dir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
         (self.data_dir / "log4j2.properties").write_text(
             _LOG4J2.format(log_file=self.log_file, level=self.log_level)
         )
         return config
+
+    def _security_properties(self) -> dict[str, str]:
+        files = self.certificates
+        if files is None:
+            return {}
+        protocol = "SASL_SSL" if self.security == "sasl_ssl" else "SSL"
+        client = "listener.name.client."
+        properties = {
+            "listeners": (
+                f"CLIENT://127.0.0.1:{self.port},INTERNAL://127.0.0.1:{self.internal_port},"
+                f"CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": (
+                f"CLIENT://127.0.0.1:{self.port},INTERNAL://127.0.0.1:{self.internal_port}"
+            ),
+            "inter.broker.listener.name": "INTERNAL",
+            "listener.security.protocol.map": (
+                f"CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,CLIENT:{protocol}"
+            ),
+            f"{client}ssl.keystore.type": "PKCS12",
+            f"{client}ssl.keystore.location": str(files.server_keystore),
+            f"{client}ssl.keystore.password": files.keystore_password,
+            f"{client}ssl.key.password": files.keystore_password,
+            f"{client}ssl.truststore.type": "PEM",
+            f"{client}ssl.truststore.location": str(files.ca_file),
+            f"{client}ssl.client.auth": "required" if self.security == "mtls" else "none",
+        }
+        if self.security == "sasl_ssl":
+            scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            plain = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'user_{SASL_USER}="{self.sasl_password}";'
+            )
+            properties.update(
+                {
+                    f"{client}sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
+                    f"{client}scram-sha-512.sasl.jaas.config": scram,
+                    f"{client}scram-sha-256.sasl.jaas.config": scram,
+                    f"{client}plain.sasl.jaas.config": plain,
+                }
+            )
+        return properties
+
+    def _scram_users(self) -> list[str]:
+        if self.security != "sasl_ssl":
+            return []
+        user = f"[name={SASL_USER},password={self.sasl_password}]"
+        return [
+            argument
+            for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256")
+            for argument in ("--add-scram", f"{mechanism}={user}")
+        ]
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Start the broker and return once it answers a metadata request."""
@@ -174,6 +277,7 @@ class KafkaBroker:
                     "-c",
                     str(config),
                     "--ignore-formatted",
+                    *self._scram_users(),
                 ],
                 capture_output=True,
                 text=True,
@@ -208,7 +312,7 @@ class KafkaBroker:
                 raise KafkaLauncherError(
                     f"broker exited with {self._process.returncode}; see {self.log_file}"
                 )
-            if _metadata_ok_blocking(self.bootstrap):
+            if _metadata_ok_blocking(self.kafka):
                 return
             time.sleep(0.3)
         self.stop()
@@ -231,10 +335,10 @@ class KafkaBroker:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def _metadata_ok_blocking(bootstrap: str) -> bool:
+def _metadata_ok_blocking(kafka: KafkaSettings) -> bool:
     # A thread of its own, so the launcher also works when called from a running event loop.
     answers: list[bool] = []
-    probe = threading.Thread(target=lambda: answers.append(asyncio.run(_metadata_ok(bootstrap))))
+    probe = threading.Thread(target=lambda: answers.append(asyncio.run(_metadata_ok(kafka))))
     probe.start()
     probe.join()
     return bool(answers and answers[0])
@@ -260,16 +364,16 @@ def broker_from_env(on_start: Callable[[str], None] | None = None) -> Iterator[s
         broker.close()
 
 
-async def _metadata_ok(bootstrap: str) -> bool:
+async def _metadata_ok(kafka: KafkaSettings) -> bool:
     from aiokafka import AIOKafkaClient
 
-    host, port = bootstrap.rsplit(":", 1)
+    host, port = kafka.bootstrap.rsplit(":", 1)
     try:  # a plain connect first keeps aiokafka from logging every refused attempt
         with socket.create_connection((host, int(port)), timeout=1):
             pass
     except OSError:
         return False
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    client = AIOKafkaClient(**kafka.client_options("outboxkit-launcher"), request_timeout_ms=3000)
     try:
         await client.bootstrap()
         return True
@@ -279,12 +383,14 @@ async def _metadata_ok(bootstrap: str) -> bool:
         await client.close()
 
 
-async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+async def create_topic(kafka: KafkaSettings | str, topic: str, partitions: int = 1) -> None:
     """Create ``topic`` with ``partitions`` partitions (replication factor 1) up front, so no
-    consumer waits for it to appear in the metadata."""
+    consumer waits for it to appear in the metadata. ``kafka``: the broker's settings, or the
+    bootstrap address of a PLAINTEXT broker."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    settings = kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap=kafka)
+    admin = AIOKafkaAdminClient(**settings.client_options("outboxkit-launcher"))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])

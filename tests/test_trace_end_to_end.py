@@ -16,6 +16,7 @@ from outboxkit.consumers import ConsumerApp
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox import Outbox, PermanentError, TransientError, new_event, telemetry
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -65,7 +66,9 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
         placed = new_event("order.placed", "/shop", {"note": MARKER}, partitionkey="order-1")
         Outbox(default_topic=topic).add(session, placed)
     engine.dispose()
-    await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=RELAY_OPTIONS).drain(timeout_s=60)
+    await Relay(
+        db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=RELAY_OPTIONS
+    ).drain(timeout_s=60)
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
 
     app = ConsumerApp(name="billing", retention_interval_s=None)
@@ -79,7 +82,9 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
 
     async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
         await wait_for(lambda: alive(task) or runtime.stats.applied, bool, 60, "order applied")
-    await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=RELAY_OPTIONS).drain(timeout_s=60)
+    await Relay(
+        db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=RELAY_OPTIONS
+    ).drain(timeout_s=60)
 
     origin = producer_span.get_span_context()
     publishes = {s.attributes["cloudevents.event_type"]: s for s in named(spans, "outbox publish")}

@@ -20,6 +20,7 @@ from outboxkit.consumers.dlq_headers import DeadLetter, header_texts
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S, KafkaUnreachableError, OpsError, kafka_bounded
 from outboxkit.ops.dlq.fingerprint import fingerprint, fingerprint_id
 from outboxkit.outbox.jsonable import as_json
+from outboxkit.outbox.kafka_settings import KafkaSettings
 
 ERROR_CATEGORIES = ("permanent", "exhausted")
 FETCH_WAIT_MS = 500
@@ -205,11 +206,11 @@ class PartitionRange:
 class DlqReader:
     """Reads dead-letter topics without a consumer group (nothing is committed).
 
-    Use as ``async with DlqReader(bootstrap) as reader``. Every broker call is bounded by
+    Use as ``async with DlqReader(KafkaSettings(...)) as reader``. Every broker call is bounded by
     ``timeout`` seconds, and so is a read that makes no progress for that long.
     """
 
-    bootstrap: str
+    kafka: KafkaSettings
     timeout: float = DEFAULT_TIMEOUT_S
     client_options: dict[str, Any] = field(default_factory=dict)
     progress: int = 0
@@ -218,14 +219,12 @@ class DlqReader:
     def __post_init__(self) -> None:
         request_timeout_ms = max(1000, int(self.timeout * 1000))
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap,
-            client_id="outboxkit-ops",
+            **self.kafka.client_options("outboxkit-ops"),
             request_timeout_ms=request_timeout_ms,
             **self.client_options,
         )
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id="outboxkit-ops",
+            **self.kafka.client_options("outboxkit-ops"),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -235,9 +234,14 @@ class DlqReader:
         )
         self._topics: dict[str, list[int]] | None = None
 
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap servers, for messages."""
+        return self.kafka.bootstrap
+
     async def __aenter__(self) -> DlqReader:
         try:
-            async with kafka_bounded(self.bootstrap, self.timeout, "connecting"):
+            async with kafka_bounded(self.kafka, self.timeout, "connecting"):
                 await self._admin.start()
                 await self._consumer.start()
         except BaseException:
@@ -268,7 +272,7 @@ class DlqReader:
     async def topics(self, refresh: bool = False) -> dict[str, list[int]]:
         """Every topic of the cluster with its partitions (one metadata request for all)."""
         if self._topics is None or refresh:
-            async with kafka_bounded(self.bootstrap, self.timeout, "listing topics"):
+            async with kafka_bounded(self.kafka, self.timeout, "listing topics"):
                 described = await self._admin.describe_topics()
             self._topics = {
                 entry["topic"]: sorted(p["partition"] for p in entry["partitions"])
@@ -287,7 +291,7 @@ class DlqReader:
     async def offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, tuple[int, int]]:
         """``{partition: (first offset, end offset)}`` as the broker reports them now."""
         tps = [TopicPartition(topic, p) for p in partitions]
-        async with kafka_bounded(self.bootstrap, self.timeout, f"offsets of {topic}"):
+        async with kafka_bounded(self.kafka, self.timeout, f"offsets of {topic}"):
             first = await self._consumer.beginning_offsets(tps)
             end = await self._consumer.end_offsets(tps)
         return {tp.partition: (first[tp], end[tp]) for tp in tps}
@@ -304,7 +308,7 @@ class DlqReader:
         query = {TopicPartition(topic, p): 0 for p, (first, end) in bounds.items() if end > first}
         if not query:
             return {}
-        async with kafka_bounded(self.bootstrap, self.timeout, f"first timestamps of {topic}"):
+        async with kafka_bounded(self.kafka, self.timeout, f"first timestamps of {topic}"):
             found = await self._consumer.offsets_for_times(query)
         return {tp.partition: hit.timestamp for tp, hit in found.items() if hit is not None}
 
@@ -342,7 +346,7 @@ class DlqReader:
         }
         if not query:
             return starts
-        async with kafka_bounded(self.bootstrap, self.timeout, f"offsets by time of {topic}"):
+        async with kafka_bounded(self.kafka, self.timeout, f"offsets by time of {topic}"):
             found = await self._consumer.offsets_for_times(query)
         moved = dict(starts)
         for tp in query:
@@ -377,7 +381,7 @@ class DlqReader:
         idle_since: float | None = None  # since when fetches return nothing and move nothing
         last_position = -1
         while True:
-            async with kafka_bounded(self.bootstrap, self.timeout, f"reading {topic}"):
+            async with kafka_bounded(self.kafka, self.timeout, f"reading {topic}"):
                 position = await self._consumer.position(tp)
                 if position >= span.stop:
                     return

@@ -191,7 +191,7 @@ class Replayer:
         return summary
 
     async def _start_producer(self) -> None:
-        options: dict[str, Any] = {"client_id": "outboxkit-dlq-replay"}
+        options = self.reader.kafka.client_options("outboxkit-dlq-replay")
         options.update(self._producer_options)
         # Idempotent and acks=all: the ledger row is written only once the broker has it.
         options.update(
@@ -199,9 +199,9 @@ class Replayer:
             acks="all",
             request_timeout_ms=max(1000, int(self.reader.timeout * 1000)),
         )
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.reader.bootstrap, **options)
+        self._producer = AIOKafkaProducer(**options)
         try:
-            async with kafka_bounded(self.reader.bootstrap, self.reader.timeout, "connecting"):
+            async with kafka_bounded(self.reader.kafka, self.reader.timeout, "connecting"):
                 await self._producer.start()
         except BaseException:
             await self._stop_producer()
@@ -266,13 +266,13 @@ class Replayer:
         summary: ReplaySummary,
     ) -> None:
         assert self._producer is not None
-        bootstrap, timeout = self.reader.bootstrap, self.reader.timeout
+        kafka, timeout = self.reader.kafka, self.reader.timeout
         futures: list[asyncio.Future[Any]] = []
         send_error: OpsError | None = None
         try:
             for record, target in to_send:
                 await pacer.wait()
-                async with kafka_bounded(bootstrap, timeout, f"sending to {target}"):
+                async with kafka_bounded(kafka, timeout, f"sending to {target}"):
                     futures.append(
                         await self._producer.send(
                             target,

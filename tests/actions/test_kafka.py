@@ -7,6 +7,7 @@ import json
 import pytest
 from outboxkit.actions import ActionOutcomeUnknownError, ActionStore
 from outboxkit.outbox import Outbox
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
 
 from examples.refund_agent.agent import RefundAgent, Ticket
@@ -33,18 +34,18 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
                 await agent.handle("run-1", ticket)
             assert not (await agent.handle("run-1", ticket)).executed
             assert (
-                await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
-                    timeout_s=60
-                )
+                await Relay(
+                    db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
+                ).drain(timeout_s=60)
                 == 4
             )
 
             for _ in range(2):  # retries after the fact write no second event
                 assert not (await agent.handle("run-1", ticket)).executed
             assert (
-                await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
-                    timeout_s=60
-                )
+                await Relay(
+                    db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
+                ).drain(timeout_s=60)
                 == 0
             )
         assert provider.refund_count() == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from outboxkit.consumers import ConsumerError, ConsumerRuntime
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import text
 
@@ -32,7 +33,10 @@ async def test_async_with_applies_commits_and_leaves_a_shared_engine_open(
     engine = make_async_engine(pg_url)
     group = f"lifecycle-{uuid.uuid4().hex[:8]}"
     runtime = ConsumerRuntime(
-        effects_app_for(topic), bootstrap=kafka_bootstrap, engine=engine, group=group
+        effects_app_for(topic),
+        kafka=KafkaSettings(bootstrap=kafka_bootstrap),
+        engine=engine,
+        group=group,
     )
     try:
         async with runtime:
@@ -51,7 +55,9 @@ async def test_async_with_applies_commits_and_leaves_a_shared_engine_open(
 
 async def test_run_raises_a_start_failure_and_leaves_nothing_running(tmp_path: Path) -> None:
     empty = f"sqlite:///{tmp_path / 'not-migrated.db'}"
-    runtime = ConsumerRuntime(effects_app_for("orders"), bootstrap="127.0.0.1:1", db_url=empty)
+    runtime = ConsumerRuntime(
+        effects_app_for("orders"), kafka=KafkaSettings(bootstrap="127.0.0.1:1"), db_url=empty
+    )
     with pytest.raises(ConsumerError, match="inbox_events is missing"):
         await runtime.run()
     assert asyncio.all_tasks() == {asyncio.current_task()}
@@ -61,11 +67,11 @@ async def test_run_raises_a_start_failure_and_leaves_nothing_running(tmp_path: P
 def test_exactly_one_of_engine_or_db_url() -> None:
     app = effects_app_for("orders")
     with pytest.raises(ValueError, match="exactly one"):
-        ConsumerRuntime(app, bootstrap="127.0.0.1:1")
+        ConsumerRuntime(app, kafka=KafkaSettings(bootstrap="127.0.0.1:1"))
     with pytest.raises(ValueError, match="exactly one"):
         ConsumerRuntime(
             app,
-            bootstrap="127.0.0.1:1",
+            kafka=KafkaSettings(bootstrap="127.0.0.1:1"),
             db_url="sqlite:///x.db",
             engine=make_async_engine("sqlite:///x.db"),
         )

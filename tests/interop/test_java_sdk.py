@@ -19,6 +19,7 @@ from typing import Any
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers import ConsumerApp, KafkaRecord
 from outboxkit.outbox import encode_binary, new_event
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import insert
@@ -88,7 +89,8 @@ async def test_relay_records_decode_in_the_java_sdk_with_every_attribute_equal(
 ) -> None:
     events = relay_events()
     write_events(sqlite_url, topic, events)
-    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    relay = Relay(db_url=sqlite_url, kafka=kafka, options=FAST)
     assert await relay.drain(timeout_s=60) == len(events)
 
     raw = {

@@ -8,6 +8,7 @@ from dataclasses import replace
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import Relay, RelayOptions
 from sqlalchemy import select
@@ -51,7 +52,9 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
         ],
     )
     assert (
-        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=PARKING).drain(timeout_s=60)
+        await Relay(
+            db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=PARKING
+        ).drain(timeout_s=60)
         == 2
     )
 
@@ -98,7 +101,9 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
     # The operator raised the size limit: a relay now publishes both requeued rows.
     fixed = replace(PARKING, max_request_size=1024 * 1024)
     assert (
-        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=fixed).drain(timeout_s=60)
+        await Relay(
+            db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=fixed
+        ).drain(timeout_s=60)
         == 2
     )
     records = await read_topic(kafka_bootstrap, topic, expected=4)

@@ -11,6 +11,7 @@ from cloudevents.core.bindings.kafka import KafkaMessage, from_binary
 from cloudevents.core.formats.json import JSONFormat
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay import Relay, RelayOptions
 from sqlalchemy import func, select
@@ -66,9 +67,9 @@ async def test_committed_event_arrives_once_and_decodes_to_the_same_event(
     )
     write_events(db_url, topic, [original])
 
-    published = await Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=FAST).drain(
-        timeout_s=60
-    )
+    published = await Relay(
+        db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
+    ).drain(timeout_s=60)
 
     assert published == 1
     records = await read_topic(kafka_bootstrap, topic, expected=1)
@@ -98,7 +99,8 @@ async def test_an_event_without_data_is_published_as_a_null_value_without_conten
 ) -> None:
     """CloudEvents Kafka binding 3.2.2: no data is a record with no value."""
     write_events(sqlite_url, topic, [new_event("order.noted", "/shop", partitionkey="o-1")])
-    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    relay = Relay(db_url=sqlite_url, kafka=kafka, options=FAST)
     assert await relay.drain(timeout_s=60) == 1
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
     assert record.value is None
@@ -114,7 +116,9 @@ async def test_retention_zero_deletes_rows_once_published(
     write_events(pg_url, topic, [new_event("a", "/s", {"n": n}) for n in range(20)])
     options = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=0)
     assert (
-        await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
+        await Relay(
+            db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
+        ).drain(timeout_s=60)
         == 20
     )
     assert len(await read_topic(kafka_bootstrap, topic, expected=20)) == 20
@@ -139,7 +143,9 @@ async def test_poison_row_is_parked_with_its_error_while_others_go_through(
         **{**options.__dict__, "row_backoff": type(options.row_backoff)(base_s=0.05, cap_s=0.1)}
     )
 
-    await Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
+    await Relay(
+        db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
+    ).drain(timeout_s=60)
 
     records = await read_topic(kafka_bootstrap, topic, expected=30)
     assert sorted(json.loads(r.value)["n"] for r in records) == list(range(30))
@@ -161,7 +167,7 @@ async def test_published_rows_are_kept_then_deleted_in_chunks(
     from outboxkit.relay.retention import delete_published
 
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(25)])
-    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    relay = Relay(db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST)
     assert await relay.drain(timeout_s=60) == 25
     engine = relay.engine
     assert await delete_published(engine, retention_ms=3_600_000, chunk=10) == 0
@@ -196,7 +202,9 @@ async def test_stop_mid_stream_settles_what_was_sent_so_a_successor_sends_no_dup
     engine = make_async_engine(pg_url)
     options = replace(FAST, batch_size=10)
     try:
-        async with Relay(engine=engine, bootstrap=kafka_bootstrap, options=options) as first:
+        async with Relay(
+            engine=engine, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
+        ) as first:
             assert first.running
             await wait_for(lambda: first.stats.published, lambda n: n >= 10, 30, "a first batch")
         assert not first.running
@@ -210,7 +218,7 @@ async def test_stop_mid_stream_settles_what_was_sent_so_a_successor_sends_no_dup
     finally:
         await engine.dispose()
 
-    second = Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=options)
+    second = Relay(db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options)
     assert await second.drain(timeout_s=60) == 600 - first.stats.published
     records = await read_topic(kafka_bootstrap, topic, expected=600)
     assert sorted(json.loads(r.value)["n"] for r in records) == list(range(600))
@@ -219,7 +227,7 @@ async def test_stop_mid_stream_settles_what_was_sent_so_a_successor_sends_no_dup
 async def test_run_works_until_stop_and_drain_finishes_a_running_relay(
     sqlite_url: str, kafka_bootstrap: str, topic: str
 ) -> None:
-    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    relay = Relay(db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST)
     running = asyncio.create_task(relay.run())
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(5)])
     await wait_for(lambda: relay.stats.published, lambda n: n == 5, 30, "5 published")
@@ -241,12 +249,12 @@ async def test_run_works_until_stop_and_drain_finishes_a_running_relay(
 
 def test_a_relay_takes_exactly_one_of_engine_or_db_url() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        Relay(bootstrap="127.0.0.1:1")
+        Relay(kafka=KafkaSettings(bootstrap="127.0.0.1:1"))
     with pytest.raises(ValueError, match="exactly one"):
         Relay(
             engine=make_async_engine("sqlite:///unused.db"),
             db_url="sqlite:///unused.db",
-            bootstrap="127.0.0.1:1",
+            kafka=KafkaSettings(bootstrap="127.0.0.1:1"),
         )
     with pytest.raises(ValueError, match="twice the Kafka request timeout"):
         RelayOptions(lease_ttl_s=5.0, request_timeout_s=3.0)

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from outboxkit.consumers import ConsumerApp
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.testing.kafka import free_port
 from outboxkit.testing.processes import start_cli, terminate
@@ -45,7 +46,9 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
     engine.dispose()
 
     options = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=3600)
-    await Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=options).drain(timeout_s=60)
+    await Relay(
+        db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
+    ).drain(timeout_s=60)
 
     (publish,) = [s for s in spans.get_finished_spans() if s.name == "outbox publish"]
     assert publish.context.trace_id == producer_span.get_span_context().trace_id

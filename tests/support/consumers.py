@@ -15,6 +15,7 @@ from outboxkit.consumers import ConsumerApp, ConsumerRuntime
 from outboxkit.outbox import RetryPolicy, encode_binary, new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
@@ -67,10 +68,16 @@ def binary_record(event: CloudEvent) -> RawRecord:
 
 
 async def produce(
-    bootstrap: str, topic: str, records: Iterable[RawRecord], partition: int | None = None
+    bootstrap: str | KafkaSettings,
+    topic: str,
+    records: Iterable[RawRecord],
+    partition: int | None = None,
 ) -> None:
     """Send raw records to ``topic`` and wait until the broker has them all."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    kafka = (
+        bootstrap if isinstance(bootstrap, KafkaSettings) else KafkaSettings(bootstrap=bootstrap)
+    )
+    producer = AIOKafkaProducer(**kafka.client_options("outboxkit-tests"), enable_idempotence=True)
     await producer.start()
     try:
         futures = [
@@ -121,7 +128,9 @@ async def running(
     Each run gets a consumer group of its own (``runtime.group``) unless ``group`` is given.
     """
     options.setdefault("group", f"{app.group_id}-{uuid.uuid4().hex[:8]}")
-    runtime = ConsumerRuntime(app, bootstrap=bootstrap, db_url=db_url, **options)
+    runtime = ConsumerRuntime(
+        app, kafka=KafkaSettings(bootstrap=bootstrap), db_url=db_url, **options
+    )
     task = asyncio.create_task(runtime.run())
     try:
         yield runtime, task

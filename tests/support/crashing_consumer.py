@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from outboxkit.consumers.runtime import ConsumerRuntime, serve
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.logs import configure_logging
 
 from tests.support.consumer_apps import effects_app
@@ -71,7 +72,7 @@ def main() -> None:
     configure_logging("INFO")
     runtime = ConsumerRuntime(
         effects_app,
-        bootstrap=args.bootstrap,
+        kafka=KafkaSettings(bootstrap=args.bootstrap),
         db_url=args.db_url,
         group=args.group,
         consumer_options={"max_poll_records": args.max_batch},

@@ -8,21 +8,25 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from outboxkit.outbox.kafka_settings import KafkaSettings
 
 T = TypeVar("T")
 
 
 async def read_topic(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60.0
+    bootstrap: str | KafkaSettings, topic: str, expected: int, timeout: float = 60.0
 ) -> list[ConsumerRecord]:
     """Read ``topic`` from the beginning until ``expected`` records or the deadline.
 
     It keeps reading a little after reaching ``expected`` so that extra records (duplicates)
     that are already in the topic are seen too.
     """
+    kafka = (
+        bootstrap if isinstance(bootstrap, KafkaSettings) else KafkaSettings(bootstrap=bootstrap)
+    )
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        **kafka.client_options("outboxkit-tests"),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         group_id=None,
