@@ -114,8 +114,11 @@ async def ping_database(db_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None
     """
     engine = ops_engine(db_url, timeout)
     try:
-        async with database_bounded(engine, timeout), asyncio.timeout(timeout):
-            async with engine.connect() as connection:
-                await connection.execute(text("SELECT 1"))
+        async with (
+            database_bounded(engine, timeout),
+            asyncio.timeout(timeout),
+            engine.connect() as connection,
+        ):
+            await connection.execute(text("SELECT 1"))
     finally:
         await engine.dispose()

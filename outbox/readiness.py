@@ -9,6 +9,7 @@ reading thread needs no lock.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ BEAT_INTERVAL_S = 1.0
 STALE_AFTER_S = 10.0
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 5.0
+log = logging.getLogger("outboxkit.readiness")
 
 
 class Readiness:
@@ -108,16 +110,24 @@ class Readiness:
             await asyncio.sleep(BEAT_INTERVAL_S)
 
     async def _probe(self, name: str, probe: Callable[[], Awaitable[Any]]) -> None:
+        # One log line when the dependency becomes unreachable and one when it is back, not
+        # one per probe; the body of /readyz says the same meanwhile.
         mark = self.mark_database if name == "database" else self.mark_broker
+        failing: str | None = None
         while True:
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
                     await probe()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                mark(False, describe_failure(error))
+            except Exception as error:  # any failure means "not reachable"
+                reason = describe_failure(error)
+                if failing != reason:
+                    log.warning("%s unavailable: %s; not ready, checking again", name, reason)
+                failing = reason
+                mark(False, reason)
             else:
+                if failing is not None:
+                    log.info("%s available again", name)
+                failing = None
                 mark(True)
             await asyncio.sleep(PROBE_INTERVAL_S)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -10,9 +11,10 @@ log = logging.getLogger("outboxkit.relay")
 class DependencyHealth:
     """Tracks whether a dependency (database, Kafka) works and logs only the transitions."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_change: Callable[[bool, str], None] | None = None) -> None:
         self.name = name
         self.failures = 0
+        self._on_change = on_change  # told (ok, error class) after every attempt: readiness
 
     @property
     def healthy(self) -> bool:
@@ -22,6 +24,8 @@ class DependencyHealth:
     def failed(self, error: BaseException) -> int:
         """Record a failure; return how many happened in a row."""
         self.failures += 1
+        if self._on_change is not None:
+            self._on_change(False, type(error).__name__)
         if self.failures == 1:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
             log.warning("%s unavailable: %s %s; retrying", self.name, type(error).__name__, reason)
@@ -29,6 +33,8 @@ class DependencyHealth:
 
     def succeeded(self) -> None:
         """Record a success; logs recovery after failures."""
+        if self._on_change is not None:
+            self._on_change(True, "")
         if self.failures:
             log.info("%s available again after %d failed attempts", self.name, self.failures)
         self.failures = 0
