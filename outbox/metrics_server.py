@@ -30,6 +30,12 @@ class ProbeServer:
         self._thread = thread
 
     @property
+    def address(self) -> str:
+        """The address it listens on."""
+        address: str = self._server.server_address[0]
+        return address
+
+    @property
     def port(self) -> int:
         """The port it listens on (useful when started on port 0)."""
         port: int = self._server.server_address[1]

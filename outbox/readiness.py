@@ -120,7 +120,7 @@ class Readiness:
                     await probe()
             except Exception as error:  # any failure means "not reachable"
                 reason = describe_failure(error)
-                if failing != reason:
+                if failing is None:
                     log.warning("%s unavailable: %s; not ready, checking again", name, reason)
                 failing = reason
                 mark(False, reason)
