@@ -32,8 +32,7 @@ class ProbeServer:
     @property
     def address(self) -> str:
         """The address it listens on."""
-        address: str = self._server.server_address[0]
-        return address
+        return str(self._server.server_address[0])
 
     @property
     def port(self) -> int:
