@@ -26,7 +26,7 @@ from outboxkit.consumers.app import ConsumerApp
 from outboxkit.consumers.metrics import RuntimeCollector
 from outboxkit.consumers.runtime import ConsumerRuntime, serve
 from outboxkit.outbox.logs import configure_logging
-from outboxkit.outbox.metrics_server import serve_metrics
+from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from prometheus_client import REGISTRY
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -73,7 +73,14 @@ def consume(
     ),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve /metrics, /healthz and /readyz on this port.",
+    ),
+    metrics_address: str = typer.Option(
+        DEFAULT_ADDRESS, "--metrics-address", help="Address to serve them on (0.0.0.0: all)."
     ),
 ) -> int:
     """Consume events with MODULE:APP's handlers; SIGTERM drains and exits 0."""
@@ -99,6 +106,6 @@ def consume(
     runtime = ConsumerRuntime(consumer_app, kafka=kafka, db_url=settings.db_url, group=group)
     if metrics_port is not None:
         REGISTRY.register(RuntimeCollector(runtime))
-        serve_metrics(metrics_port)
+        serve_metrics(metrics_port, metrics_address, runtime.readiness)
     asyncio.run(serve(runtime))
     return 0

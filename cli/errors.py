@@ -16,6 +16,8 @@ ambiguous, so :func:`outboxkit.cli.main.main` turns an unexpected exception into
 
 from __future__ import annotations
 
+import ssl
+
 import typer
 from aiokafka.errors import KafkaError
 from outboxkit.outbox.errors import OutboxError
@@ -48,6 +50,12 @@ def error_line(error: BaseException) -> str | None:
         return f"kafka: {error}"
     if isinstance(error, TimeoutError):
         return f"timed out: {error}" if str(error) else "timed out waiting for a database or broker"
+    if isinstance(error, ssl.SSLError):
+        # raised by asyncpg as it is: name the cause (e.g. the server's certificate is not
+        # signed by the CA in sslrootcert) rather than OpenSSL's source location
+        verify = getattr(error, "verify_message", None)
+        reason = f"certificate verify failed: {verify}" if verify else str(error)
+        return f"TLS to the server failed: {reason}"
     if isinstance(error, OSError):
         return str(error)
     return None

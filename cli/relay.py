@@ -19,8 +19,9 @@ from outboxkit.cli.options import (
     kafka_from,
     settings_from,
 )
+from outboxkit.ops.access import ping_database
 from outboxkit.outbox.logs import configure_logging
-from outboxkit.outbox.metrics_server import serve_metrics
+from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.relay import Relay, RelayOptions
 
 
@@ -48,7 +49,14 @@ def relay(
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
     json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port."
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve /metrics, /healthz and /readyz on this port.",
+    ),
+    metrics_address: str = typer.Option(
+        DEFAULT_ADDRESS, "--metrics-address", help="Address to serve them on (0.0.0.0: all)."
     ),
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
@@ -76,9 +84,11 @@ def relay(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    if metrics_port is not None:
-        serve_metrics(metrics_port)
     relay_process = Relay(db_url=settings.db_url, kafka=kafka, options=options)
+    if metrics_port is not None:
+        serve_metrics(metrics_port, metrics_address, relay_process.readiness)
+    if drain:  # a one-off run fails fast on a misconfigured database instead of retrying
+        asyncio.run(ping_database(settings.db_url))
     asyncio.run(_run(relay_process, drain))
 
 

@@ -28,7 +28,8 @@ from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
-from sqlalchemy import inspect
+from outboxkit.outbox.readiness import Readiness
+from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 log = logging.getLogger("outboxkit.consumer")
@@ -106,6 +107,9 @@ class ConsumerRuntime:
         # handler call, and the next offset to handle per partition for the lag gauge.
         self.telemetry = HandlerTelemetry(self.group, app.name)
         self.positions = Positions()
+        # What /readyz answers (outbox/metrics_server.py): ready once in the group (with any
+        # number of partitions) while periodic database and broker round trips work.
+        self.readiness = Readiness(assigned_what="partitions", min_assigned=0)
 
     async def start(self) -> None:
         """Connect to the database and Kafka, join the group, and consume in the background.
@@ -157,6 +161,7 @@ class ConsumerRuntime:
         )
         await consumer.start()
         self._started = True
+        self.readiness.start({"database": lambda: _ping(engine), "broker": consumer.topics})
         if self.app.retention_interval_s is not None:
             self._retention = asyncio.create_task(
                 retain_inbox(
@@ -221,6 +226,7 @@ class ConsumerRuntime:
             return
         self._closed = True
         self._stopping = True
+        await self.readiness.stop()
         if self._retention is not None:
             self._retention.cancel()
             await asyncio.gather(self._retention, return_exceptions=True)
@@ -373,7 +379,13 @@ class ConsumerRuntime:
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.assignment = set(assigned)
+        self.readiness.mark_assigned(len(assigned))
         log.info("partitions assigned: %s", describe_partitions(assigned))
+
+
+async def _ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as connection:
+        await connection.execute(text("SELECT 1"))
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped

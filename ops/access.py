@@ -18,7 +18,7 @@ from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.errors import OutboxError
 from outboxkit.outbox.kafka_failures import explain, mask
 from outboxkit.outbox.kafka_settings import KafkaSettings
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -113,3 +113,21 @@ async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:
     for name in names:
         if name not in present:
             raise OpsError(f"table {name} is missing: run 'outboxkit migrate' first")
+
+
+async def ping_database(db_url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    """Connect once and run ``SELECT 1``; any failure is a one-line :class:`OpsError`.
+
+    For commands that would otherwise retry a misconfigured database (a wrong CA, a refused
+    ``sslmode``) forever, such as ``relay --drain``.
+    """
+    engine = ops_engine(db_url, timeout)
+    try:
+        async with (
+            database_bounded(engine, timeout),
+            asyncio.timeout(timeout),
+            engine.connect() as connection,
+        ):
+            await connection.execute(text("SELECT 1"))
+    finally:
+        await engine.dispose()

@@ -1,9 +1,22 @@
-"""Engines for outboxkit's own processes: URL driver selection and SQLite transaction set-up."""
+"""Engines for outboxkit's own processes: URL driver selection, PostgreSQL TLS, SQLite set-up.
+
+A database URL spells TLS the libpq way, whatever its driver: ``sslmode`` (``disable``,
+``allow``, ``prefer``, ``require``, ``verify-ca``, ``verify-full``), ``sslrootcert`` (a CA file,
+or ``system`` for the system's trust store), ``sslcert`` and ``sslkey`` (a client certificate).
+``ssl=<mode>``, asyncpg's spelling, is read as ``sslmode``. :func:`pg_tls` reads them once and
+every connection outboxkit makes is configured from that one reading: psycopg gets the libpq
+parameters as they are, asyncpg (engines and the relay's LISTEN connection) gets ``ssl=`` as a
+mode or an :class:`ssl.SSLContext` built from the files.
+"""
 
 from __future__ import annotations
 
+import os
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.outbox.errors import OutboxError
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -12,17 +25,125 @@ _ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlit
 _SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-# The query parameter each PostgreSQL driver reads for TLS, and its "no TLS" value.
-_NO_TLS = {"postgresql+asyncpg": ("ssl", "disable"), "postgresql+psycopg": ("sslmode", "disable")}
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# The URL query parameters that are about TLS; none of them reaches a driver as written.
+TLS_PARAMETERS = ("sslmode", "ssl", "sslrootcert", "sslcert", "sslkey")
+_SSL_ALIASES = {"true": "require", "false": "disable"}
+
+
+class DatabaseUrlError(OutboxError, ValueError):
+    """A database URL outboxkit cannot use: the message says which part, in one line."""
+
+
+@dataclass(frozen=True)
+class PgTls:
+    """The TLS settings of a PostgreSQL URL, read the libpq way (see the module docstring).
+
+    ``mode`` is ``None`` when the URL leaves it to the driver (``prefer``).
+    """
+
+    mode: str | None = None
+    rootcert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def libpq_query(self) -> dict[str, str]:
+        """The libpq parameters (psycopg's spelling, and asyncpg's DSN spelling)."""
+        pairs = {
+            "sslmode": self.mode,
+            "sslrootcert": self.rootcert,
+            "sslcert": self.cert,
+            "sslkey": self.key,
+        }
+        return {name: value for name, value in pairs.items() if value is not None}
+
+    def asyncpg_ssl(self) -> ssl.SSLContext | str | None:
+        """What asyncpg's ``ssl=`` needs: ``None`` (its default), a mode, or a context.
+
+        A mode alone is passed as it is (asyncpg applies libpq's rules and its ``~/.postgresql``
+        defaults); with files, the context follows libpq: ``require`` with a root certificate
+        verifies the chain like ``verify-ca``; only ``verify-full`` checks the host name.
+        """
+        if self.mode == "disable" or not (self.rootcert or self.cert):
+            return self.mode
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = self.mode == "verify-full"
+        rootcert = self.rootcert
+        if rootcert is None and self.mode in ("verify-ca", "verify-full"):
+            rootcert = os.path.expanduser("~/.postgresql/root.crt")  # libpq's default
+        if rootcert is None or self.mode not in ("require", "verify-ca", "verify-full"):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            try:
+                if rootcert == "system":
+                    context.load_default_certs()
+                else:
+                    context.load_verify_locations(cafile=rootcert)
+            except (OSError, ssl.SSLError) as error:
+                raise DatabaseUrlError(f"sslrootcert {rootcert}: {_reason(error)}") from None
+            context.verify_mode = ssl.CERT_REQUIRED
+        if self.cert is not None:
+            try:
+                context.load_cert_chain(self.cert, keyfile=self.key)
+            except (OSError, ssl.SSLError) as error:
+                raise DatabaseUrlError(
+                    f"sslcert {self.cert} / sslkey {self.key}: {_reason(error)}"
+                ) from None
+        return context
+
+
+def pg_tls(url: str | URL) -> PgTls:
+    """Read the TLS parameters of a PostgreSQL URL; a bad value is a :class:`DatabaseUrlError`.
+
+    A server on this host (127.0.0.1, localhost, ::1) gets ``sslmode=disable`` unless the URL
+    says something about TLS: over loopback TLS protects nothing and costs the relay about a
+    quarter of its throughput (bench/README.md).
+    """
+    parsed = make_url(url)
+    query = {name: _single(parsed, name) for name in TLS_PARAMETERS if name in parsed.query}
+    mode = query.get("sslmode")
+    alias = query.get("ssl")
+    if alias is not None:
+        alias = _SSL_ALIASES.get(alias.lower(), alias)
+        if mode is not None and mode != alias:
+            raise DatabaseUrlError(f"the URL sets both sslmode={mode} and ssl={alias}: keep one")
+        mode = alias
+    if mode is not None and mode not in SSL_MODES:
+        raise DatabaseUrlError(f"sslmode={mode} is not one of {', '.join(SSL_MODES)}")
+    tls = PgTls(mode, query.get("sslrootcert"), query.get("sslcert"), query.get("sslkey"))
+    if tls.key is not None and tls.cert is None:
+        raise DatabaseUrlError("sslkey needs sslcert (the client certificate) too")
+    for name, path in (("sslrootcert", tls.rootcert), ("sslcert", tls.cert), ("sslkey", tls.key)):
+        if path is not None and path != "system" and not os.access(path, os.R_OK):
+            raise DatabaseUrlError(f"{name} file {path} does not exist or cannot be read")
+    if tls == PgTls() and parsed.host in LOOPBACK_HOSTS:
+        return PgTls("disable")
+    return tls
+
+
+def _single(url: URL, name: str) -> str:
+    value = url.query[name]
+    if isinstance(value, tuple):
+        raise DatabaseUrlError(f"the URL sets {name} more than once")
+    return value
+
+
+def _reason(error: BaseException) -> str:
+    return getattr(error, "strerror", None) or str(error).splitlines()[0]
 
 
 def async_url(url: str) -> str:
-    """Return ``url`` with the async driver outboxkit uses for its backend."""
+    """Return ``url`` with the async driver outboxkit uses, TLS spelled the libpq way.
+
+    :func:`make_async_engine` hands the TLS parameters to asyncpg as it expects them; a URL
+    from here given to ``create_async_engine`` directly needs :func:`asyncpg_connect_args`.
+    """
     return _with_driver(url, _ASYNC_DRIVERS)
 
 
 def sync_url(url: str) -> str:
-    """Return ``url`` with the sync driver outboxkit uses for its backend."""
+    """Return ``url`` with the sync driver outboxkit uses (psycopg reads libpq's parameters)."""
     return _with_driver(url, _SYNC_DRIVERS)
 
 
@@ -30,24 +151,20 @@ def _with_driver(url: str, drivers: dict[str, str]) -> str:
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend not in drivers:
-        raise ValueError(f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://")
-    parsed = _without_loopback_tls(parsed.set(drivername=drivers[backend]))
+        raise DatabaseUrlError(
+            f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://"
+        )
+    parsed = parsed.set(drivername=drivers[backend])
+    if backend == "postgresql":
+        tls = pg_tls(parsed)
+        parsed = parsed.difference_update_query(TLS_PARAMETERS).update_query_dict(tls.libpq_query())
     return parsed.render_as_string(hide_password=False)
 
 
-def _without_loopback_tls(url: URL) -> URL:
-    """Turn TLS off for a server on this host unless the URL asks for something else.
-
-    The drivers' default ("prefer") negotiates TLS even over loopback, where it protects
-    nothing and costs the relay about a quarter of its throughput (bench/README.md).
-    """
-    parameter = _NO_TLS.get(url.drivername)
-    if parameter is None or url.host not in LOOPBACK_HOSTS:
-        return url
-    if "ssl" in url.query or "sslmode" in url.query:
-        return url
-    name, value = parameter
-    return url.update_query_dict({name: value})
+def asyncpg_connect_args(url: str | URL) -> dict[str, Any]:
+    """asyncpg's TLS keyword arguments for a PostgreSQL URL: ``{"ssl": ...}`` or nothing."""
+    ssl_value = pg_tls(url).asyncpg_ssl()
+    return {} if ssl_value is None else {"ssl": ssl_value}
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -59,11 +176,27 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """Create an async engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
+    """Create an async engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``.
+
+    On PostgreSQL the URL keeps its libpq-style TLS parameters (``engine.url`` shows them,
+    and the relay's LISTEN connection reads them from there); each connection gets them
+    translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL.
+    """
     engine = create_async_engine(async_url(url), **kwargs)
     if engine.dialect.name == "sqlite":
         _use_immediate_transactions(engine.sync_engine)
+    elif engine.dialect.name == "postgresql":
+        _translate_tls_for_asyncpg(engine.sync_engine, asyncpg_connect_args(engine.url))
     return engine
+
+
+def _translate_tls_for_asyncpg(engine: Engine, tls_args: dict[str, Any]) -> None:
+    @event.listens_for(engine, "do_connect")
+    def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        given = cparams.get("ssl")  # from connect_args: async_url leaves no ssl in the URL
+        for name in TLS_PARAMETERS:
+            cparams.pop(name, None)
+        cparams.update(tls_args if given is None else {"ssl": given})
 
 
 def _use_immediate_transactions(engine: Engine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger("outboxkit.relay")
 
@@ -12,10 +13,11 @@ class DependencyHealth:
     the first failure, each change of its cause (a rejected password after an outage, say),
     and the recovery."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_change: Callable[[bool, str], None] | None = None) -> None:
         self.name = name
         self.failures = 0
         self.cause: str | None = None
+        self._on_change = on_change  # told (ok, error class) after every attempt: readiness
 
     @property
     def healthy(self) -> bool:
@@ -25,6 +27,8 @@ class DependencyHealth:
     def failed(self, error: BaseException) -> int:
         """Record a failure; return how many happened in a row."""
         self.failures += 1
+        if self._on_change is not None:
+            self._on_change(False, type(error).__name__)
         reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
         cause = f"{type(error).__name__} {reason}".strip()
         if cause != self.cause:
@@ -34,6 +38,8 @@ class DependencyHealth:
 
     def succeeded(self) -> None:
         """Record a success; logs recovery after failures."""
+        if self._on_change is not None:
+            self._on_change(True, "")
         if self.failures:
             log.info("%s available again after %d failed attempts", self.name, self.failures)
         self.failures = 0

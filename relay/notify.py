@@ -7,6 +7,7 @@ import logging
 
 import asyncpg
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.db import TLS_PARAMETERS, asyncpg_connect_args, pg_tls
 from sqlalchemy.engine import URL, make_url
 
 CHANNEL = "outboxkit_outbox"
@@ -21,6 +22,7 @@ class CommitListener:
 
     def __init__(self, db_url: str | URL, wake: asyncio.Event) -> None:
         self._dsn = listen_dsn(db_url)
+        self._tls = asyncpg_connect_args(db_url)  # the engines' TLS, for asyncpg
         self._wake = wake
         self._task: asyncio.Task[None] | None = None
         self._backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
@@ -40,7 +42,7 @@ class CommitListener:
         while True:
             lost = asyncio.Event()
             try:
-                connection = await asyncpg.connect(self._dsn, timeout=10)
+                connection = await asyncpg.connect(self._dsn, timeout=10, **self._tls)
             except (OSError, asyncpg.PostgresError, TimeoutError) as error:
                 attempt += 1
                 if attempt == 1:
@@ -63,12 +65,13 @@ class CommitListener:
 def listen_dsn(db_url: str | URL) -> str:
     """A libpq-style DSN for asyncpg from a SQLAlchemy URL of any PostgreSQL driver.
 
-    SQLAlchemy's asyncpg dialect takes TLS as ``ssl=...``; asyncpg's own DSN parser reads
-    ``sslmode`` and would send ``ssl`` to the server as a setting, which the server refuses.
+    TLS is spelled as :func:`outboxkit.outbox.db.pg_tls` reads it (``ssl=`` becomes
+    ``sslmode``, loopback gets ``disable``); :class:`CommitListener` also passes asyncpg the
+    engines' ``ssl=`` (:func:`~outboxkit.outbox.db.asyncpg_connect_args`), which wins.
     """
     url = make_url(db_url).set(drivername="postgresql")
-    if "ssl" in url.query and "sslmode" not in url.query:
-        url = url.difference_update_query(["ssl"]).update_query_dict({"sslmode": url.query["ssl"]})
+    query = pg_tls(url).libpq_query()
+    url = url.difference_update_query(TLS_PARAMETERS).update_query_dict(query)
     return url.render_as_string(hide_password=False)
 
 

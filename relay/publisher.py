@@ -109,6 +109,17 @@ class Publisher:
             raise KafkaUnavailable(await explain(self._kafka, error, self._timeout_s)) from error
         self._producer = producer
 
+    async def ping(self) -> None:
+        """One metadata round trip to the broker (for readiness when nothing is published);
+        raises :class:`KafkaUnavailable`."""
+        await self.start()
+        assert self._producer is not None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._producer.client.fetch_all_metadata()
+        except (KafkaError, TimeoutError) as error:
+            raise KafkaUnavailable(str(error) or type(error).__name__) from error
+
     async def reset(self) -> None:
         """Drop the producer after an outage; the next start gets a fresh producer id."""
         producer, self._producer = self._producer, None

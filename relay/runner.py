@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.readiness import Readiness
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
 from outboxkit.relay.health import DependencyHealth
@@ -90,8 +91,11 @@ class Relay:
             max_request_size=self.options.max_request_size,
             client_id=f"outboxkit-relay-{self.relay_id}",
         )
-        self.database = DependencyHealth("database")
-        self.kafka = DependencyHealth("kafka")
+        # What /readyz answers (outbox/metrics_server.py): ready while it holds a shard lease
+        # and its last database and Kafka round trips worked.
+        self.readiness = Readiness(assigned_what="shard_leases", min_assigned=1)
+        self.database = DependencyHealth("database", self.readiness.mark_database)
+        self.kafka = DependencyHealth("kafka", self.readiness.mark_broker)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._until_drained = False
@@ -108,6 +112,7 @@ class Relay:
         if self.running:
             raise RuntimeError(f"relay {self.relay_id} is already running")
         self._stopping.clear()
+        self.readiness.start()
         self._task = asyncio.create_task(self._work(), name=f"outboxkit-relay-{self.relay_id}")
 
     async def stop(self) -> None:
@@ -173,6 +178,7 @@ class Relay:
         try:
             await self._loop(self._stopping)
         finally:
+            await self.readiness.stop()
             if listener is not None:
                 await listener.stop()
             await self._shutdown()
@@ -189,6 +195,10 @@ class Relay:
                     await self._settling.wait()
                     await self._sample_backlog()
                     owned = await self.leases.heartbeat()
+                    self.readiness.mark_assigned(len(owned))
+                    self.database.succeeded()
+                    await self.publisher.ping()  # Kafka's health even when nothing is pending
+                    self.kafka.succeeded()
                     next_heartbeat = time.monotonic() + heartbeat_every
                     if not owned:
                         log.debug("no shard leased; waiting")

@@ -1,10 +1,13 @@
-"""A throwaway certificate authority for a local TLS broker: a CA, a server certificate for
-127.0.0.1 and a client certificate, written as PEM files (and a PKCS#12 keystore for Java).
+"""Throwaway certificate authorities for TLS tests against servers on this host.
 
-Made with the ``cryptography`` package (the ``testing`` extra). The server certificate has an
-IP SAN for 127.0.0.1 (aiokafka always checks the hostname) and both serverAuth and clientAuth
-usages. The broker's keystore is PKCS#12 encrypted with PBE-SHA1-3DES, which Java 17 reads
-(it cannot read OpenSSL 3's default PBES2 PEM keys).
+One module for every TLS test: :func:`make_ca` makes a CA, :func:`issue_certificate` signs a
+server or client certificate with it, and :func:`make_certificates` writes the whole set a TLS
+Kafka broker needs. Made with the ``cryptography`` package (the ``testing`` extra).
+
+Server certificates carry SANs for 127.0.0.1, ::1 and localhost (aiokafka and ``verify-full``
+check the host name) and both serverAuth and clientAuth usages (Kafka's inter-broker listener
+is a client too). A broker's keystore is PKCS#12 encrypted with PBE-SHA1-3DES, which Java 17
+reads (it cannot read OpenSSL 3's default PBES2 keys).
 """
 
 from __future__ import annotations
@@ -16,10 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+LOOPBACK_NAMES = ("localhost",)
+LOOPBACK_IPS = ("127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    """A CA: its certificate file (what clients trust), and the key and name it signs with."""
+
+    cert_file: Path
+    key: Any
+    name: Any
+    certificate: Any
+
 
 @dataclass(frozen=True)
 class Certificates:
-    """Paths of the files :func:`make_certificates` wrote, and the keystore password."""
+    """Paths of the files :func:`make_certificates` wrote, and the passwords they need."""
 
     ca_file: Path
     server_cert: Path
@@ -31,97 +47,133 @@ class Certificates:
     client_key_password: str
 
 
-def _crypto() -> Any:
+def _x509() -> Any:
     try:
         from cryptography import x509
     except ImportError:  # pragma: no cover - the extra is missing
         raise RuntimeError(
-            "a TLS broker needs the cryptography package: pip install 'outboxkit[testing]'"
+            "TLS test certificates need the cryptography package: pip install 'outboxkit[testing]'"
         ) from None
     return x509
 
 
-def make_certificates(folder: Path, days: int = 30) -> Certificates:
-    """Write a CA, a server certificate (127.0.0.1, localhost) and a client certificate
-    (``CN=outboxkit-client``, its key encrypted) into ``folder``."""
-    x509 = _crypto()
+def _name(common_name: str) -> Any:
+    from cryptography.x509.oid import NameOID
+
+    return _x509().Name([_x509().NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def make_ca(
+    directory: Path, common_name: str = "outboxkit test CA", days: int = 30
+) -> CertificateAuthority:
+    """A self-signed CA, its certificate written to ``directory`` as ``<common_name>.crt``."""
+    x509 = _x509()
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import pkcs12
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    folder.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
     now = datetime.datetime.now(datetime.UTC)
-
-    def name(common: str) -> Any:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-    def issue(
-        subject: Any,
-        key: Any,
-        issuer: Any,
-        issuer_key: Any,
-        ca: bool,
-        usages: list[Any],
-        alt: list[Any],
-    ) -> Any:
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
         )
-        if ca:
-            builder = builder.add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
-            ).add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        else:
-            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            builder = builder.add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
-            )
-        if alt:
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = name("outboxkit dev CA")
-    ca_cert = issue(ca_name, ca_key, ca_name, ca_key, True, [], [])
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    hosts = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    server_cert = issue(name("127.0.0.1"), server_key, ca_name, ca_key, False, both, hosts)
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    client_usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    client_cert = issue(
-        name("outboxkit-client"), client_key, ca_name, ca_key, False, client_usage, []
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
     )
+    cert_file = directory / f"{common_name.replace(' ', '-')}.crt"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return CertificateAuthority(cert_file, key, name, certificate)
 
-    pem = serialization.Encoding.PEM
-    keystore_password = secrets.token_urlsafe(12)
+
+def issue_certificate(
+    ca: CertificateAuthority,
+    directory: Path,
+    stem: str = "server",
+    *,
+    common_name: str = "localhost",
+    server: bool = True,
+    key_password: str | None = None,
+    days: int = 30,
+) -> tuple[Path, Path]:
+    """A certificate signed by ``ca`` and its key, as ``(cert, key)`` PEM files (key mode 0600).
+
+    A server certificate names this host (127.0.0.1, ::1, localhost) and allows server and
+    client auth; a client certificate (``server=False``) allows client auth only. The key is
+    encrypted with ``key_password`` when one is given.
+    """
+    x509 = _x509()
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca.name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
+        )
+    )
+    if server:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+        names = [x509.DNSName(name) for name in LOOPBACK_NAMES]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in LOOPBACK_IPS]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    certificate = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False).sign(
+        ca.key, hashes.SHA256()
+    )
+    encryption: Any = serialization.NoEncryption()
+    if key_password is not None:
+        encryption = serialization.BestAvailableEncryption(key_password.encode())
+    cert_file, key_file = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    )
+    key_file.chmod(0o600)
+    return cert_file, key_file
+
+
+def make_certificates(folder: Path, days: int = 30) -> Certificates:
+    """Write what a TLS Kafka broker and its clients need into ``folder``: a CA, a server
+    certificate with its key and a PKCS#12 keystore for Java, and a client certificate
+    (``CN=outboxkit-client``) whose key is encrypted."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key, pkcs12
+
+    ca = make_ca(folder, "outboxkit dev CA", days)
+    server_cert, server_key = issue_certificate(ca, folder, "server", days=days)
     client_key_password = secrets.token_urlsafe(12)
-    files = Certificates(
-        ca_file=folder / "ca.pem",
-        server_cert=folder / "server.pem",
-        server_key=folder / "server.key",
-        server_keystore=folder / "server.p12",
-        keystore_password=keystore_password,
-        client_cert=folder / "client.pem",
-        client_key=folder / "client.key",
-        client_key_password=client_key_password,
+    client_cert, client_key = issue_certificate(
+        ca,
+        folder,
+        "client",
+        common_name="outboxkit-client",
+        server=False,
+        key_password=client_key_password,
+        days=days,
     )
-    files.ca_file.write_bytes(ca_cert.public_bytes(pem))
-    files.server_cert.write_bytes(server_cert.public_bytes(pem) + ca_cert.public_bytes(pem))
-    files.server_key.write_bytes(
-        server_key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    files.server_key.chmod(0o600)
+    keystore_password = secrets.token_urlsafe(12)
     java_encryption = (
         serialization.PrivateFormat.PKCS12.encryption_builder()
         .kdf_rounds(50000)
@@ -129,18 +181,23 @@ def make_certificates(folder: Path, days: int = 30) -> Certificates:
         .hmac_hash(hashes.SHA1())
         .build(keystore_password.encode())
     )
-    files.server_keystore.write_bytes(
+    keystore = folder / "server.p12"
+    keystore.write_bytes(
         pkcs12.serialize_key_and_certificates(
-            b"broker", server_key, server_cert, [ca_cert], java_encryption
+            b"broker",
+            load_pem_private_key(server_key.read_bytes(), None),  # type: ignore[arg-type]
+            x509.load_pem_x509_certificate(server_cert.read_bytes()),
+            [ca.certificate],
+            java_encryption,
         )
     )
-    files.client_cert.write_bytes(client_cert.public_bytes(pem))
-    files.client_key.write_bytes(
-        client_key.private_bytes(
-            pem,
-            serialization.PrivateFormat.PKCS8,
-            serialization.BestAvailableEncryption(client_key_password.encode()),
-        )
+    return Certificates(
+        ca_file=ca.cert_file,
+        server_cert=server_cert,
+        server_key=server_key,
+        server_keystore=keystore,
+        keystore_password=keystore_password,
+        client_cert=client_cert,
+        client_key=client_key,
+        client_key_password=client_key_password,
     )
-    files.client_key.chmod(0o600)
-    return files

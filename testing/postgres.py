@@ -1,11 +1,18 @@
-"""Throwaway PostgreSQL databases for tests and benchmarks (pytest-postgresql's janitor)."""
+"""Throwaway PostgreSQL for tests and benchmarks: databases on the test server (pytest-postgresql's
+janitor), and a cluster of its own that only accepts TLS (:func:`tls_cluster`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from outboxkit.migrations.runner import upgrade
 from sqlalchemy.engine import make_url
@@ -44,3 +51,110 @@ def throwaway_database(prefix: str = "outboxkit", migrate: bool = True) -> Itera
         yield url
     finally:
         janitor.drop()
+
+
+@dataclass
+class TlsCluster:
+    """A PostgreSQL cluster of its own that accepts TLS connections only (``hostssl``).
+
+    ``url`` has no TLS parameters (add ``sslmode`` and friends); ``ca_file`` signed the
+    server's certificate (for 127.0.0.1, ::1 and localhost); ``wrong_ca_file`` did not.
+    :meth:`stop` and :meth:`start` take it down and up again, for outage tests.
+    """
+
+    name: str
+    version: str
+    port: int
+    ca_file: Path
+    wrong_ca_file: Path
+    password: str = "postgres"
+
+    @property
+    def url(self) -> str:
+        """``postgresql://postgres:...@127.0.0.1:PORT/postgres``, no TLS parameters."""
+        return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown: open connections are closed)."""
+        _pg_ctlcluster(self.version, self.name, "stop", "-m", "fast")
+
+    def start(self) -> None:
+        """Start the server again."""
+        _pg_ctlcluster(self.version, self.name, "start")
+
+
+@contextmanager
+def tls_cluster() -> Iterator[TlsCluster]:
+    """Create, start and finally drop a Debian PostgreSQL cluster that only accepts TLS.
+
+    Needs root and Debian's ``postgresql-common`` tools (``pg_createcluster``): they run the
+    server as the ``postgres`` user. The main cluster is left alone; this one has its own port,
+    a server certificate from a CA made here (:mod:`outboxkit.testing.certificates`), ``ssl = on``,
+    and only ``hostssl`` lines (password auth) in ``pg_hba.conf``.
+    """
+    from outboxkit.testing.certificates import issue_certificate, make_ca
+
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        raise RuntimeError("tls_cluster needs root and pg_createcluster (postgresql-common)")
+    version = _newest_postgres_version()
+    name = f"tls{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    files = Path(tempfile.mkdtemp(prefix="outboxkit-pgtls-"))
+    files.chmod(0o755)
+    ca = make_ca(files, "outboxkit test CA")
+    wrong = make_ca(files, "some other CA")
+    cert_file, key_file = issue_certificate(ca, files)
+    for path in (cert_file, key_file):
+        shutil.chown(path, "postgres", "postgres")
+    cluster = TlsCluster(name, version, port, ca.cert_file, wrong.cert_file)
+    _run("pg_createcluster", version, name, "-p", str(port))
+    try:
+        config = Path("/etc/postgresql") / version / name
+        (config / "conf.d" / "tls.conf").write_text(
+            "listen_addresses = '127.0.0.1,::1'\n"
+            "ssl = on\n"
+            f"ssl_cert_file = '{cert_file}'\n"
+            f"ssl_key_file = '{key_file}'\n"
+            "max_connections = 40\n"
+            "shared_buffers = 16MB\n"
+        )
+        (config / "pg_hba.conf").write_text(
+            "local all postgres peer\n"
+            "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+            "hostssl all all ::1/128 scram-sha-256\n"
+        )
+        cluster.start()
+        _run(
+            "runuser", "-u", "postgres", "--", "psql", "-q", "-p", str(port), "-c",
+            f"ALTER USER postgres PASSWORD '{cluster.password}'",
+        )  # fmt: skip
+        yield cluster
+    finally:
+        subprocess.run(
+            ["pg_dropcluster", "--stop", version, name], capture_output=True, check=False
+        )
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def _newest_postgres_version() -> str:
+    versions = [p.name for p in Path("/usr/lib/postgresql").iterdir() if p.name.isdigit()]
+    if not versions:
+        raise RuntimeError("no PostgreSQL server under /usr/lib/postgresql")
+    return max(versions, key=int)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _pg_ctlcluster(version: str, name: str, *args: str) -> None:
+    _run("pg_ctlcluster", "--skip-systemctl-redirect", version, name, *args)
+
+
+def _run(*command: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} failed: {done.stderr.strip()}")

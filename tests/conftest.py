@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +12,11 @@ from typing import Any
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.testing.kafka import KafkaBroker, broker_from_env
-from outboxkit.testing.postgres import throwaway_database
+from outboxkit.testing.postgres import TlsCluster, throwaway_database, tls_cluster
 
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
-INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url"})
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,6 +46,19 @@ def own_kafka() -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="session")
+def tls_pg() -> Iterator[TlsCluster]:
+    """A PostgreSQL cluster of the session's own that accepts TLS only, migrated; dropped after.
+
+    Needs root and Debian's pg_createcluster (scripts/install.sh installs PostgreSQL).
+    """
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        pytest.skip("the TLS cluster needs root and pg_createcluster")
+    with tls_cluster() as cluster:
+        upgrade(f"{cluster.url}?sslmode=require")
+        yield cluster
 
 
 @pytest.fixture
