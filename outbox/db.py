@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from outboxkit.outbox.errors import (
+    InvalidDatabaseUrlError,
+    NotMigratedError,
+    UnsupportedDatabaseError,
+)
+from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 _ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
@@ -26,11 +33,30 @@ def sync_url(url: str) -> str:
     return _with_driver(url, _SYNC_DRIVERS)
 
 
+def parse_url(url: str) -> URL:
+    """``url`` parsed, for a backend outboxkit supports (PostgreSQL or SQLite, any driver).
+
+    Raises :class:`InvalidDatabaseUrlError` for text that is no URL and
+    :class:`UnsupportedDatabaseError` for another database; neither message shows a password.
+    """
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        # ArgumentError's text repeats the URL, which may hold a password
+        raise InvalidDatabaseUrlError(
+            "invalid database URL: expected e.g. postgresql://user:password@host:5432/db "
+            "or sqlite:///path/to/file.db"
+        ) from None
+    if parsed.get_backend_name() not in _ASYNC_DRIVERS:
+        raise UnsupportedDatabaseError(
+            f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://"
+        )
+    return parsed
+
+
 def _with_driver(url: str, drivers: dict[str, str]) -> str:
-    parsed = make_url(url)
+    parsed = parse_url(url)
     backend = parsed.get_backend_name()
-    if backend not in drivers:
-        raise ValueError(f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://")
     parsed = _without_loopback_tls(parsed.set(drivername=drivers[backend]))
     return parsed.render_as_string(hide_password=False)
 
@@ -81,3 +107,21 @@ def _use_immediate_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_missing_table(error: BaseException) -> bool:
+    """True when ``error`` is the database saying a table does not exist."""
+    if not isinstance(error, DBAPIError):
+        return False
+    if getattr(error.orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    return "no such table" in str(error.orig)  # SQLite
+
+
+async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:
+    """Raise :class:`NotMigratedError` naming the first of ``names`` missing from the database."""
+    async with engine.connect() as connection:
+        present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    for name in names:
+        if name not in present:
+            raise NotMigratedError(f"table {name} is missing: run 'outboxkit migrate' first")

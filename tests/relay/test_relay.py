@@ -98,7 +98,8 @@ async def test_an_event_without_data_is_published_as_a_null_value_without_conten
 ) -> None:
     """CloudEvents Kafka binding 3.2.2: no data is a record with no value."""
     write_events(sqlite_url, topic, [new_event("order.noted", "/shop", partitionkey="o-1")])
-    assert await Relay(sqlite_url, kafka_bootstrap, FAST).drain(timeout=60) == 1
+    relay = Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=FAST)
+    assert await relay.drain(timeout_s=60) == 1
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
     assert record.value is None
     assert record.key == b"o-1"
