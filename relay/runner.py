@@ -55,8 +55,8 @@ class Relay:
     ``start`` begins the work in a background task and returns; database and Kafka outages
     are retried there with backoff, so a relay may start before its dependencies. A database
     without outboxkit's tables is no outage: the work fails at once with
-    :class:`~outboxkit.outbox.errors.NotMigratedError`, raised by ``run``/``drain``/``stop``. ``stop``
-    finishes gracefully: the batch in flight is acknowledged and recorded, the shard leases
+    :class:`~outboxkit.outbox.errors.NotMigratedError`, raised by ``run``/``drain``/``stop``.
+    ``stop`` finishes gracefully: the batch in flight is acknowledged and recorded, the shard leases
     are released (another relay takes over at once) and the connections closed. ``run``
     works until ``stop`` is called; ``drain`` until nothing is pending, then stops.
     """
