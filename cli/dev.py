@@ -6,6 +6,7 @@ import signal
 import threading
 
 import typer
+from outboxkit.cli import signals
 from outboxkit.testing.kafka import SECURITY_MODES, KafkaBroker
 
 dev_app = typer.Typer(help="Development helpers.", no_args_is_help=True)
@@ -22,7 +23,7 @@ def dev_kafka(
         "sasl_ssl (TLS + SCRAM users), with a throwaway CA.",
     ),
 ) -> None:
-    """Run a real single-node Apache Kafka broker until SIGTERM or Ctrl-C.
+    """Run a real single-node Apache Kafka broker until SIGTERM or Ctrl-C (both exit 0).
 
     Prints ``ready: BOOTSTRAP``, then (with ``--security``) the OUTBOXKIT_KAFKA_* settings a
     client needs, as shell ``export`` lines.
@@ -34,14 +35,12 @@ def dev_kafka(
         raise typer.BadParameter(
             f"{security!r} is not one of {', '.join(SECURITY_MODES)}", param_hint="--security"
         )
-    broker = KafkaBroker(
-        port=port or None,
-        auto_create_topics=auto_create_topics,
-        security=mode,
-    )
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in signals.STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
+    if signals.requested():
+        return  # stopped while starting up (main() held the signals): exit 0, no broker
+    broker = KafkaBroker(port=port or None, auto_create_topics=auto_create_topics, security=mode)
     broker.start()
     typer.echo(f"ready: {broker.bootstrap}", err=False)
     if mode is not None:

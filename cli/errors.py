@@ -1,17 +1,19 @@
 """How the CLI ends: one line on stderr for an error an operator can fix, and its exit code.
 
-Every command shares one table of exit codes (docs/operations.md):
+Every command shares one table of exit codes (docs/operations.md#exit-codes):
 
 | code | meaning |
 | --- | --- |
-| 0 | done; nothing crossed a threshold |
+| 0 | done; nothing crossed a threshold; a long-running command stopped by SIGTERM/SIGINT |
 | 1 | a threshold was crossed (``status``) |
-| 2 | a usage error, or an operational error an operator can fix (unreachable, refused) |
+| 2 | a usage error, or an operational error an operator can fix (unreachable, refused, a bad
+  database URL, tables not migrated) |
 | 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
-| 130 | interrupted (Ctrl-C) |
+| 70 | a bug: an unexpected exception, printed with its traceback (EX_SOFTWARE) |
+| 130 | interrupted (Ctrl-C) during a command that ends on its own |
 
-Anything else is a bug and ends with Python's traceback (exit 1 from the interpreter would be
-ambiguous, so :func:`outboxkit.cli.main.main` turns an unexpected exception into exit 70).
+Exit 1 from the interpreter on an unexpected exception would read as "threshold crossed", so
+:func:`outboxkit.cli.main.run_app` turns one into 70.
 """
 
 from __future__ import annotations

@@ -7,60 +7,109 @@ one line on stderr and exit code 2 (the table is in :mod:`outboxkit.cli.errors`)
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import typer
-from outboxkit.cli.actions import actions_app
-from outboxkit.cli.consume import consume
-from outboxkit.cli.dev import dev_app
-from outboxkit.cli.dlq import dlq_app
-from outboxkit.cli.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, error_line
-from outboxkit.cli.migrate import migrate
-from outboxkit.cli.outbox import outbox_app
-from outboxkit.cli.relay import relay
-from outboxkit.cli.status import status
-from outboxkit.outbox.config_file import use_config_file
+from outboxkit.cli import signals
 
-app = typer.Typer(
-    name="outboxkit",
-    help="Transactional outbox, Kafka relay, inbox consumers and agent actions.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    add_completion=False,
-)
+if TYPE_CHECKING:
+    import typer
+
+# Commands that run until stopped: they take over SIGTERM and SIGINT themselves (a stop is a
+# clean exit 0). Every other command keeps the default handlers.
+LONG_RUNNING = frozenset({"relay", "dev"})
 
 
-ConfigOption = typer.Option(
-    None,
-    "--config",
-    help="TOML file with [kafka] and [database] tables [env: OUTBOXKIT_CONFIG]. "
-    "A flag beats an OUTBOXKIT_* variable, which beats the file.",
-)
+def build_app() -> typer.Typer:
+    """The root app with every command and sub-app (imported here: this is the slow part)."""
+    import typer
+    from outboxkit.cli.actions import actions_app
+    from outboxkit.cli.consume import consume
+    from outboxkit.cli.dev import dev_app
+    from outboxkit.cli.dlq import dlq_app
+    from outboxkit.cli.migrate import migrate
+    from outboxkit.cli.outbox import outbox_app
+    from outboxkit.cli.relay import relay
+    from outboxkit.cli.status import status
+    from outboxkit.outbox.config_file import use_config_file
+
+    app = typer.Typer(
+        name="outboxkit",
+        help="Transactional outbox, Kafka relay, inbox consumers and agent actions.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def settings_file(
+        config: Path | None = typer.Option(  # noqa: B008 - typer reads the default
+            None,
+            "--config",
+            help="TOML file with [kafka] and [database] tables [env: OUTBOXKIT_CONFIG]. "
+            "A flag beats an OUTBOXKIT_* variable, which beats the file.",
+        ),
+    ) -> None:
+        """Transactional outbox, Kafka relay, inbox consumers and agent actions."""
+        if config is not None:
+            use_config_file(config)
+
+    app.command()(migrate)
+    app.command()(relay)
+    app.command()(consume)
+    app.command()(status)
+    app.add_typer(outbox_app, name="outbox")
+    app.add_typer(dlq_app, name="dlq")
+    app.add_typer(actions_app, name="actions")
+    app.add_typer(dev_app, name="dev")
+    return app
 
 
-@app.callback()
-def settings_file(config: Path | None = ConfigOption) -> None:
-    """Transactional outbox, Kafka relay, inbox consumers and agent actions."""
-    if config is not None:
-        use_config_file(config)
-
-
-app.command()(migrate)
-app.command()(relay)
-app.command()(consume)
-app.command()(status)
-app.add_typer(outbox_app, name="outbox")
-app.add_typer(dlq_app, name="dlq")
-app.add_typer(actions_app, name="actions")
-app.add_typer(dev_app, name="dev")
+def __getattr__(name: str) -> Any:
+    if name == "app":  # ``outboxkit.cli.main.app``, built on first use
+        return build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI and exit with a code from the table in :mod:`outboxkit.cli.errors`."""
+    """Run the CLI and exit with a code from the table in :mod:`outboxkit.cli.errors`.
+
+    SIGTERM and SIGINT are held first thing (:mod:`outboxkit.cli.signals`), before the
+    commands are imported.
+    """
+    signals.hold()
+    args = sys.argv[1:] if argv is None else list(argv)
+    run_app(build_app(), args, keep_signals_held=_command_of(args) in LONG_RUNNING)
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The command named in ``args``, past the root options (``--config FILE``)."""
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--config":
+            next(rest, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def run_app(app: typer.Typer, args: list[str], *, keep_signals_held: bool = False) -> None:
+    """Run ``app`` on ``args`` and exit with a code from :mod:`outboxkit.cli.errors`: an error
+    an operator can fix is one line (2), Ctrl-C is 130, anything unexpected a traceback (70).
+
+    Unless ``keep_signals_held`` (a long-running command takes them over), SIGTERM and SIGINT
+    get their default handlers back first.
+    """
+    import traceback
+
+    import typer
+    from outboxkit.cli.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, error_line
+
     try:
-        result = app(args=argv, standalone_mode=False)
+        if not keep_signals_held:
+            signals.release()  # a SIGINT recorded meanwhile is raised here: exit 130
+        result = app(args=args, standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(EXIT_INTERRUPTED)
     except Exception as error:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 import typer
+from outboxkit.cli import signals
 from outboxkit.cli.options import (
     BootstrapOption,
     SaslMechanismOption,
@@ -35,7 +35,11 @@ def relay(
     ssl_certfile: Path | None = SslCertfileOption,
     ssl_keyfile: Path | None = SslKeyfileOption,
     batch_size: int = typer.Option(500, min=1, max=10_000, help="Rows per claim."),
-    lease_ttl: float = typer.Option(30.0, min=1.0, help="Seconds a dead relay blocks its shards."),
+    lease_ttl: float = typer.Option(
+        30.0,
+        help="Seconds a dead relay blocks its shards; at least twice --request-timeout-ms "
+        "(20 with its default).",
+    ),
     poll_interval: float = typer.Option(1.0, min=0.01, help="Seconds between polls."),
     max_attempts: int = typer.Option(10, min=1, help="Failed publishes before a row is parked."),
     retention: float = typer.Option(
@@ -71,6 +75,13 @@ def relay(
         ssl_certfile,
         ssl_keyfile,
     )
+    shortest_lease_s = 2 * request_timeout_ms / 1000
+    if lease_ttl < shortest_lease_s:
+        raise typer.BadParameter(
+            f"{lease_ttl:g} is below {shortest_lease_s:g}, twice --request-timeout-ms "
+            f"({request_timeout_ms} ms): a batch in flight must not outlive its lease",
+            param_hint="--lease-ttl",
+        )
     try:
         options = RelayOptions(
             batch_size=batch_size,
@@ -93,7 +104,12 @@ def relay(
 
 
 async def _run(relay_process: Relay, drain: bool) -> None:
-    """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully."""
+    """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully (exit 0).
+
+    ``main()`` held both signals since the process began; a stop that came during start-up
+    means the relay never starts. Its ``relay <id> started`` line is logged only after these
+    handlers are in place, so whoever waits for that line may stop it at once.
+    """
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
@@ -101,13 +117,20 @@ async def _run(relay_process: Relay, drain: bool) -> None:
         # run()/drain() below report the work's failure; this task only asks it to stop.
         stopping.append(loop.create_task(_stop_quietly(relay_process)))
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in signals.STOP_SIGNALS:
         loop.add_signal_handler(signum, stop)
-    if drain:
-        await relay_process.drain(timeout_s=None)
-    else:
-        await relay_process.run()
-    await asyncio.gather(*stopping)
+    try:
+        if signals.requested():
+            return  # stopped while starting up: nothing began, nothing to finish
+        if drain:
+            await relay_process.drain(timeout_s=None)
+        else:
+            await relay_process.run()
+        await asyncio.gather(*stopping)
+    finally:
+        for signum in signals.STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        signals.hold_again()  # not the defaults while the loop and the interpreter wind down
 
 
 async def _stop_quietly(relay_process: Relay) -> None:

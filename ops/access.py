@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
-from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.db import make_async_engine, parse_url
 from outboxkit.outbox.errors import OutboxError
 from outboxkit.outbox.kafka_failures import explain, mask
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from sqlalchemy import inspect, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -71,7 +70,7 @@ def ops_engine(db_url: str, timeout: float) -> AsyncEngine:
 
     A SQLite file that does not exist is an error rather than a new empty database.
     """
-    url = make_url(db_url)
+    url = parse_url(db_url)
     backend = url.get_backend_name()
     connect_args: dict[str, Any] = {}
     if backend == "sqlite":

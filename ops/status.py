@@ -35,11 +35,11 @@ from outboxkit.ops.access import (
 from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.db import parse_url
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from sqlalchemy import func, or_, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 DLQ_SUFFIX = ".dlq"
@@ -296,7 +296,7 @@ async def read_status(
     Groups default to the inbox's consumer names (which need the database). A malformed
     ``db_url`` is the caller's error and raises; an unreachable database does not.
     """
-    given = make_url(db_url)
+    given = parse_url(db_url)
     secrets = [given.password or ""]
     time_ms = int(time.time() * 1000)
     engine: AsyncEngine | None = None

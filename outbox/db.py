@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from outboxkit.outbox.errors import OutboxError
-from sqlalchemy import Engine, create_engine, event
+from outboxkit.outbox.errors import (
+    InvalidDatabaseUrlError,
+    NotMigratedError,
+    UnsupportedDatabaseError,
+)
+from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 _ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
@@ -29,10 +35,6 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 # The URL query parameters that are about TLS; none of them reaches a driver as written.
 TLS_PARAMETERS = ("sslmode", "ssl", "sslrootcert", "sslcert", "sslkey")
 _SSL_ALIASES = {"true": "require", "false": "disable"}
-
-
-class DatabaseUrlError(OutboxError, ValueError):
-    """A database URL outboxkit cannot use: the message says which part, in one line."""
 
 
 @dataclass(frozen=True)
@@ -81,20 +83,20 @@ class PgTls:
                 else:
                     context.load_verify_locations(cafile=rootcert)
             except (OSError, ssl.SSLError) as error:
-                raise DatabaseUrlError(f"sslrootcert {rootcert}: {_reason(error)}") from None
+                raise InvalidDatabaseUrlError(f"sslrootcert {rootcert}: {_reason(error)}") from None
             context.verify_mode = ssl.CERT_REQUIRED
         if self.cert is not None:
             try:
                 context.load_cert_chain(self.cert, keyfile=self.key)
             except (OSError, ssl.SSLError) as error:
-                raise DatabaseUrlError(
+                raise InvalidDatabaseUrlError(
                     f"sslcert {self.cert} / sslkey {self.key}: {_reason(error)}"
                 ) from None
         return context
 
 
 def pg_tls(url: str | URL) -> PgTls:
-    """Read the TLS parameters of a PostgreSQL URL; a bad value is a :class:`DatabaseUrlError`.
+    """Read the TLS parameters of a PostgreSQL URL (:class:`InvalidDatabaseUrlError` if bad).
 
     A server on this host (127.0.0.1, localhost, ::1) gets ``sslmode=disable`` unless the URL
     says something about TLS: over loopback TLS protects nothing and costs the relay about a
@@ -107,16 +109,18 @@ def pg_tls(url: str | URL) -> PgTls:
     if alias is not None:
         alias = _SSL_ALIASES.get(alias.lower(), alias)
         if mode is not None and mode != alias:
-            raise DatabaseUrlError(f"the URL sets both sslmode={mode} and ssl={alias}: keep one")
+            raise InvalidDatabaseUrlError(
+                f"the URL sets both sslmode={mode} and ssl={alias}: keep one"
+            )
         mode = alias
     if mode is not None and mode not in SSL_MODES:
-        raise DatabaseUrlError(f"sslmode={mode} is not one of {', '.join(SSL_MODES)}")
+        raise InvalidDatabaseUrlError(f"sslmode={mode} is not one of {', '.join(SSL_MODES)}")
     tls = PgTls(mode, query.get("sslrootcert"), query.get("sslcert"), query.get("sslkey"))
     if tls.key is not None and tls.cert is None:
-        raise DatabaseUrlError("sslkey needs sslcert (the client certificate) too")
+        raise InvalidDatabaseUrlError("sslkey needs sslcert (the client certificate) too")
     for name, path in (("sslrootcert", tls.rootcert), ("sslcert", tls.cert), ("sslkey", tls.key)):
         if path is not None and path != "system" and not os.access(path, os.R_OK):
-            raise DatabaseUrlError(f"{name} file {path} does not exist or cannot be read")
+            raise InvalidDatabaseUrlError(f"{name} file {path} does not exist or cannot be read")
     if tls == PgTls() and parsed.host in LOOPBACK_HOSTS:
         return PgTls("disable")
     return tls
@@ -125,7 +129,7 @@ def pg_tls(url: str | URL) -> PgTls:
 def _single(url: URL, name: str) -> str:
     value = url.query[name]
     if isinstance(value, tuple):
-        raise DatabaseUrlError(f"the URL sets {name} more than once")
+        raise InvalidDatabaseUrlError(f"the URL sets {name} more than once")
     return value
 
 
@@ -147,13 +151,30 @@ def sync_url(url: str) -> str:
     return _with_driver(url, _SYNC_DRIVERS)
 
 
-def _with_driver(url: str, drivers: dict[str, str]) -> str:
-    parsed = make_url(url)
-    backend = parsed.get_backend_name()
-    if backend not in drivers:
-        raise DatabaseUrlError(
+def parse_url(url: str) -> URL:
+    """``url`` parsed, for a backend outboxkit supports (PostgreSQL or SQLite, any driver).
+
+    Raises :class:`InvalidDatabaseUrlError` for text that is no URL and
+    :class:`UnsupportedDatabaseError` for another database; neither message shows a password.
+    """
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        # ArgumentError's text repeats the URL, which may hold a password
+        raise InvalidDatabaseUrlError(
+            "invalid database URL: expected e.g. postgresql://user:password@host:5432/db "
+            "or sqlite:///path/to/file.db"
+        ) from None
+    if parsed.get_backend_name() not in _ASYNC_DRIVERS:
+        raise UnsupportedDatabaseError(
             f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://"
         )
+    return parsed
+
+
+def _with_driver(url: str, drivers: dict[str, str]) -> str:
+    parsed = parse_url(url)
+    backend = parsed.get_backend_name()
     parsed = parsed.set(drivername=drivers[backend])
     if backend == "postgresql":
         tls = pg_tls(parsed)
@@ -214,3 +235,21 @@ def _use_immediate_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_missing_table(error: BaseException) -> bool:
+    """True when ``error`` is the database saying a table does not exist."""
+    if not isinstance(error, DBAPIError):
+        return False
+    if getattr(error.orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined_table
+        return True
+    return "no such table" in str(error.orig)  # SQLite
+
+
+async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:
+    """Raise :class:`NotMigratedError` naming the first of ``names`` missing from the database."""
+    async with engine.connect() as connection:
+        present = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    for name in names:
+        if name not in present:
+            raise NotMigratedError(f"table {name} is missing: run 'outboxkit migrate' first")

@@ -9,8 +9,19 @@ class InvalidEventError(OutboxError, ValueError):
     """An event cannot be written: a required attribute, its data or its topic is wrong."""
 
 
-class UnsupportedDatabaseError(OutboxError):
-    """The session is bound to a database outboxkit does not support (PostgreSQL, SQLite)."""
+class UnsupportedDatabaseError(OutboxError, ValueError):
+    """A database outboxkit does not support (it supports PostgreSQL and SQLite): a session
+    bound to one, or a URL with another scheme."""
+
+
+class NotMigratedError(OutboxError):
+    """The database lacks a table of outboxkit's: ``outboxkit migrate`` (or
+    :func:`outboxkit.migrations.upgrade`) was not run on it."""
+
+
+class InvalidDatabaseUrlError(OutboxError, ValueError):
+    """A database URL outboxkit cannot use (``--db-url``, ``OUTBOXKIT_DB_URL``): not a URL, or
+    a bad TLS parameter; the message says which part, in one line, without the password."""
 
 
 # What user code raises to say how a failure should be treated. Consumers' handlers and agent

@@ -5,24 +5,58 @@ The names a service needs are here; each subpackage has its own job (see the REA
 ``outboxkit.outbox`` writes events, ``outboxkit.relay`` publishes them, ``outboxkit.consumers``
 applies them once, ``outboxkit.actions`` runs an agent's side effects at most once,
 ``outboxkit.ops`` and ``outboxkit.cli`` serve operators, ``outboxkit.testing`` serves test suites.
+
+Names load on first use (PEP 562): importing a subpackage, such as ``outboxkit.cli`` whose
+start-up installs signal handlers before anything heavy, does not import them all.
 """
 
-from outboxkit.actions import ActionStore, State, operation_key, run_action
-from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats, KafkaRecord
-from outboxkit.migrations import upgrade
-from outboxkit.outbox import (
-    InvalidEventError,
-    KafkaSettings,
-    Outbox,
-    OutboxError,
-    OutcomeUnknownError,
-    PermanentError,
-    RetryPolicy,
-    TransientError,
-    new_event,
-    new_event_id,
-)
-from outboxkit.relay import Relay, RelayOptions, RelayStats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from outboxkit.actions import ActionStore, State, operation_key, run_action
+    from outboxkit.consumers import ConsumerApp, ConsumerRuntime, ConsumerStats, KafkaRecord
+    from outboxkit.migrations import upgrade
+    from outboxkit.outbox import (
+        InvalidEventError,
+        KafkaSettings,
+        Outbox,
+        OutboxError,
+        OutcomeUnknownError,
+        PermanentError,
+        RetryPolicy,
+        TransientError,
+        new_event,
+        new_event_id,
+    )
+    from outboxkit.relay import Relay, RelayOptions, RelayStats
+
+_HOMES = {
+    "ActionStore": "outboxkit.actions",
+    "ConsumerApp": "outboxkit.consumers",
+    "ConsumerRuntime": "outboxkit.consumers",
+    "ConsumerStats": "outboxkit.consumers",
+    "InvalidEventError": "outboxkit.outbox",
+    "KafkaRecord": "outboxkit.consumers",
+    "KafkaSettings": "outboxkit.outbox",
+    "Outbox": "outboxkit.outbox",
+    "OutboxError": "outboxkit.outbox",
+    "OutcomeUnknownError": "outboxkit.outbox",
+    "PermanentError": "outboxkit.outbox",
+    "Relay": "outboxkit.relay",
+    "RelayOptions": "outboxkit.relay",
+    "RelayStats": "outboxkit.relay",
+    "RetryPolicy": "outboxkit.outbox",
+    "State": "outboxkit.actions",
+    "TransientError": "outboxkit.outbox",
+    "new_event": "outboxkit.outbox",
+    "new_event_id": "outboxkit.outbox",
+    "operation_key": "outboxkit.actions",
+    "run_action": "outboxkit.actions",
+    "upgrade": "outboxkit.migrations",
+}
 
 __all__ = [
     "ActionStore",
@@ -48,3 +82,16 @@ __all__ = [
     "run_action",
     "upgrade",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'outboxkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,10 +1,10 @@
 """Sending claimed rows to Kafka with an idempotent aiokafka producer, keeping per-key order.
 
-Rows are appended in order to one record batch per partition and the batches handed to the
-producer (with idempotence there is one in-flight batch per partition, so order within a
-partition is strict), then all acknowledgements are awaited together. Outcomes are sorted into
-published, failed for a reason of the row's own (counts an attempt), and released because of
-an outage or because an earlier row of the same key failed.
+Rows are appended in order to record batches per partition; partitions are sent side by side,
+and each partition's batches one after the other, so order within a partition is strict and a
+row that fails holds back the rest of its key. Outcomes are sorted into published, failed for
+a reason of the row's own (counts an attempt), and released (no attempt counted) because of an
+outage or because an earlier row of the same key failed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ from outboxkit.relay.claims import ClaimedRow, Failure
 
 log = logging.getLogger("outboxkit.relay")
 
+# A batch refused with one of these may hold rows that fit on their own: split and sent again.
+SIZE_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 # Errors that belong to the record, not to the broker's health: retrying them soon will fail
 # again, so they count an attempt and eventually park the row.
 RECORD_ERRORS = (
@@ -94,6 +97,9 @@ class Publisher:
         self._producer: AIOKafkaProducer | None = None
         self._partitioner = DefaultPartitioner()
         self._max_request_size = max_request_size
+        self._max_batch_bytes = max_batch_bytes
+        # Batch sizes learned from topics that refused ours as too large (max.message.bytes).
+        self._batch_limits: dict[str, int] = {}
         self._timeout_s = request_timeout_s
         self._ack_deadline_s = 3 * self._timeout_s
 
@@ -133,55 +139,47 @@ class Publisher:
     async def publish(self, rows: list[ClaimedRow]) -> BatchOutcome:
         """Send ``rows`` in order and sort every row into an outcome.
 
-        Rows are appended to one record batch per partition (aiokafka's ``create_batch`` /
+        Rows are appended to record batches per partition (aiokafka's ``create_batch`` /
         ``send_batch``: about a quarter of ``send``'s CPU per record), partitioned like
-        ``send`` does (murmur2 of the key); a full batch is sent and a new one started, so
-        each partition's rows go in order.
+        ``send`` does (murmur2 of the key). Each partition's batches go one after the other,
+        the next once the previous is acknowledged (aiokafka sends one batch per partition at
+        a time anyway), so after a row fails the rest of its key stays behind, released: a key
+        never overtakes its own failed row. A batch the broker refuses as too large is split
+        and sent again at no cost to its rows; only a row refused alone counts an attempt.
         """
         await self.start()
         producer = self._producer
         assert producer is not None
         outcome = BatchOutcome()
-        failed_keys = outcome.failed_keys
+        failed_at: dict[bytes, int] = {}  # key -> position in ``rows`` of its first failure
         missing_topics: dict[str, str] = {}
         partitions_of: dict[str, list[int]] = {}
-        open_batches: dict[tuple[str, int], _Batch] = {}
-        sent: list[tuple[asyncio.Future[Any], _Batch]] = []
+        queues: dict[tuple[str, int], deque[_Item]] = {}
         spans: dict[int, Any] = {}
         started = time.perf_counter()
         tracing = telemetry.enabled()
         for index, row in enumerate(rows):
-            if row.key is not None and row.key in failed_keys:
+            if row.key is not None and row.key in failed_at:
                 outcome.released.append(row)
                 continue
             if row.topic in missing_topics:
-                self._fail(outcome, failed_keys, row, missing_topics[row.topic])
+                self._fail(outcome, failed_at, index, row, missing_topics[row.topic])
                 continue
-            headers = row.headers
-            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.key, _value(row), headers)
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+                row.key, _value(row), row.headers
+            )
             if size > self._max_request_size:
-                self._fail(outcome, failed_keys, row, _describe(_too_large(size)))
+                self._fail(outcome, failed_at, index, row, _describe(_too_large(size)))
                 continue
             try:
                 partitions = partitions_of.get(row.topic)
                 if partitions is None:
                     partitions = sorted(await producer.partitions_for(row.topic))
                     partitions_of[row.topic] = partitions
-                if tracing:
-                    spans[row.id], headers = _publish_span(row)
-                partition = self._partitioner(row.key, partitions, partitions)
-                batch = open_batches.get((row.topic, partition))
-                if batch is None or not batch.add(row, headers):
-                    if batch is not None:
-                        sent.append((await batch.send(producer), batch))
-                    batch = open_batches[(row.topic, partition)] = _Batch(
-                        producer.create_batch(), row.topic, partition
-                    )
-                    batch.add(row, headers)
             except UnknownTopicOrPartitionError as error:
                 if await self._broker_reachable():
                     missing_topics[row.topic] = f"topic {row.topic!r} does not exist"
-                    self._fail(outcome, failed_keys, row, missing_topics[row.topic])
+                    self._fail(outcome, failed_at, index, row, missing_topics[row.topic])
                     continue
                 outcome.outage = error
             except KafkaError as error:
@@ -189,45 +187,22 @@ class Publisher:
             if outcome.outage is not None:
                 outcome.released.extend(rows[index:])
                 break
-        for batch in open_batches.values():
-            if outcome.outage is None:
-                try:
-                    sent.append((await batch.send(producer), batch))
-                    continue
-                except KafkaError as error:
-                    outcome.outage = error
-            outcome.released.extend(batch.rows)
-        results = await self._acknowledgements([future for future, _ in sent])
+            headers = row.headers
+            if tracing:
+                spans[row.id], headers = _publish_span(row)
+            partition = self._partitioner(row.key, partitions, partitions)
+            queues.setdefault((row.topic, partition), deque()).append(_Item(index, row, headers))
+        if outcome.outage is None:
+            chains = [
+                self._send_partition(producer, topic, partition, items, outcome, failed_at, spans)
+                for (topic, partition), items in queues.items()
+            ]
+            await asyncio.gather(*chains)
+        else:
+            outcome.released.extend(item.row for items in queues.values() for item in items)
         metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
-        acknowledged: dict[int, tuple[object, int, int]] = {}
-        for (_, batch), result in zip(sent, results, strict=True):
-            base = getattr(result, "offset", -1)
-            for row, relative in zip(batch.rows, batch.offsets, strict=True):
-                acknowledged[row.id] = (result, batch.partition, base + relative)
-        for row in rows:
-            if row.id not in acknowledged:
-                continue
-            result, partition, offset = acknowledged[row.id]
-            if not isinstance(result, BaseException):
-                telemetry.end_span(
-                    spans.pop(row.id, None),
-                    attributes={
-                        "messaging.destination.partition.id": str(partition),
-                        "messaging.kafka.offset": offset,
-                    },
-                )
-                if row.key is not None and row.key in failed_keys:
-                    # Landed after an earlier row of its key failed: it stays published (it is
-                    # in Kafka); the failed row will follow it. Logged, as it is an inversion.
-                    log.warning("row %s of a key with a failed earlier row was published", row.id)
-                outcome.published.append(row)
-            elif isinstance(result, RECORD_ERRORS):
-                self._fail(outcome, failed_keys, row, _describe(result))
-            else:
-                outcome.outage = outcome.outage or result
-                outcome.released.append(row)
-                if row.key is not None:
-                    failed_keys.add(row.key)
+        outcome.failed_keys.update(failed_at)
+        outcome.failed_keys.update(row.key for row in outcome.released if row.key is not None)
         for failure in outcome.failed:
             current = spans.pop(failure.row.id, None)
             telemetry.add_event(current, "publish.failed", {"attempt": failure.row.attempts + 1})
@@ -238,32 +213,104 @@ class Publisher:
             telemetry.end_span(current)
         return outcome
 
-    async def _acknowledgements(self, futures: list[asyncio.Future[Any]]) -> list[object]:
-        """Each future's result or exception; a deadline turns a silent broker into an outage.
+    async def _send_partition(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        partition: int,
+        items: deque[_Item],
+        outcome: BatchOutcome,
+        failed_at: dict[bytes, int],
+        spans: dict[int, Any],
+    ) -> None:
+        """Send one partition's rows batch after batch, each once the previous is known."""
+        while items:
+            if outcome.outage is not None:  # another partition saw the broker go away
+                outcome.released.extend(item.row for item in items)
+                return
+            batch = _Batch(producer.create_batch(), topic, partition, self._limit_of(topic))
+            while items:
+                item = items[0]
+                if _behind_a_failure(item, failed_at):
+                    outcome.released.append(items.popleft().row)
+                elif batch.add(item):
+                    items.popleft()
+                else:
+                    break
+            if not batch.items:
+                continue
+            try:
+                result = await self._acknowledgement(await batch.send(producer))
+            except KafkaError as error:
+                result = error
+            if not isinstance(result, BaseException):
+                base = getattr(result, "offset", -1)
+                for item, relative in zip(batch.items, batch.offsets, strict=True):
+                    self._published(outcome, failed_at, item, partition, base + relative, spans)
+            elif isinstance(result, SIZE_ERRORS) and len(batch.items) > 1:
+                # The topic (or the broker) takes smaller batches than ours: learn its limit
+                # and send these rows again in smaller batches, in the same order.
+                self._batch_limits[topic] = max(1, batch.size // 2)
+                log.info(
+                    "topic %s refused a batch of %d bytes as too large; sending batches of at "
+                    "most %d bytes",
+                    topic,
+                    batch.size,
+                    self._batch_limits[topic],
+                )
+                items.extendleft(reversed(batch.items))
+            elif isinstance(result, RECORD_ERRORS):
+                for item in batch.items:
+                    self._fail(outcome, failed_at, item.index, item.row, _describe(result))
+            else:
+                outcome.outage = outcome.outage or result
+                outcome.released.extend(item.row for item in batch.items)
+
+    def _limit_of(self, topic: str) -> int:
+        return self._batch_limits.get(topic, self._max_batch_bytes)
+
+    @staticmethod
+    def _published(
+        outcome: BatchOutcome,
+        failed_at: dict[bytes, int],
+        item: _Item,
+        partition: int,
+        offset: int,
+        spans: dict[int, Any],
+    ) -> None:
+        row = item.row
+        telemetry.end_span(
+            spans.pop(row.id, None),
+            attributes={
+                "messaging.destination.partition.id": str(partition),
+                "messaging.kafka.offset": offset,
+            },
+        )
+        if _behind_a_failure(item, failed_at):
+            # An earlier row of its key (on another topic) failed meanwhile: this one stays
+            # published (it is in Kafka) and the failed row will follow it, an inversion.
+            log.warning("row %s of a key with a failed earlier row was published", row.id)
+        outcome.published.append(row)
+
+    async def _acknowledgement(self, future: asyncio.Future[Any]) -> object:
+        """The batch's result or exception; a deadline turns a silent broker into an outage.
 
         aiokafka retries a batch whose leader is known but unreachable forever, so without this
         deadline a broker that goes away would stall the relay.
         """
-        if not futures:
-            return []
-        _, late = await asyncio.wait(futures, timeout=self._ack_deadline_s)
-        timeout = KafkaTimeoutError(f"no acknowledgement within {self._ack_deadline_s:.1f}s")
-        results: list[object] = []
-        for future in futures:
-            if future in late:
-                future.cancel()
-                results.append(timeout)
-            elif future.exception() is not None:
-                results.append(future.exception())
-            else:
-                results.append(future.result())
-        return results
+        _, late = await asyncio.wait([future], timeout=self._ack_deadline_s)
+        if late:
+            future.cancel()
+            return KafkaTimeoutError(f"no acknowledgement within {self._ack_deadline_s:.1f}s")
+        return future.exception() or future.result()
 
     @staticmethod
-    def _fail(outcome: BatchOutcome, failed_keys: set[bytes], row: ClaimedRow, error: str) -> None:
+    def _fail(
+        outcome: BatchOutcome, failed_at: dict[bytes, int], index: int, row: ClaimedRow, error: str
+    ) -> None:
         outcome.failed.append(Failure(row, error))
         if row.key is not None:
-            failed_keys.add(row.key)
+            failed_at[row.key] = min(index, failed_at.get(row.key, index))
 
     async def _broker_reachable(self) -> bool:
         assert self._producer is not None
@@ -274,31 +321,55 @@ class Publisher:
             return False
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """A row queued for its partition, its position in the claim and its record headers."""
+
+    index: int
+    row: ClaimedRow
+    headers: list[tuple[str, bytes]]
+
+
+def _behind_a_failure(item: _Item, failed_at: dict[bytes, int]) -> bool:
+    """True when an earlier row of the item's key failed (the item must not overtake it)."""
+    key = item.row.key
+    return key is not None and failed_at.get(key, item.index) < item.index
+
+
 class _Batch:
     """One record batch being filled for a topic partition, and the rows in it."""
 
-    __slots__ = ("builder", "offsets", "partition", "rows", "topic")
+    __slots__ = ("builder", "items", "limit", "offsets", "partition", "size", "topic")
 
-    def __init__(self, builder: BatchBuilder, topic: str, partition: int) -> None:
+    def __init__(self, builder: BatchBuilder, topic: str, partition: int, limit: int) -> None:
         self.builder = builder
         self.topic = topic
         self.partition = partition
-        self.rows: list[ClaimedRow] = []
+        self.limit = limit
+        self.size = 0
+        self.items: list[_Item] = []
         self.offsets: list[int] = []
 
-    def add(self, row: ClaimedRow, headers: list[tuple[str, bytes]]) -> bool:
-        """Append ``row``; ``False`` when the batch is full (a first record always fits)."""
+    def add(self, item: _Item) -> bool:
+        """Append ``item``'s row; ``False`` when the batch is full (a first record always fits)."""
+        row = item.row
+        value = _value(row)
+        if self.items and self.limit < self.builder.size() + DefaultRecordBatchBuilder.size_of(
+            row.key, value, item.headers
+        ):
+            return False
         metadata = self.builder.append(
-            key=row.key, value=_value(row), timestamp=None, headers=headers
+            key=row.key, value=value, timestamp=None, headers=item.headers
         )
         if metadata is None:
             return False
-        self.rows.append(row)
+        self.items.append(item)
         self.offsets.append(metadata.offset)
         return True
 
     async def send(self, producer: AIOKafkaProducer) -> asyncio.Future[Any]:
         """Queue the batch; the future resolves with its base offset once acknowledged."""
+        self.size = self.builder.size()
         future: asyncio.Future[Any] = await producer.send_batch(
             self.builder, self.topic, partition=self.partition
         )

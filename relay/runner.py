@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.db import is_missing_table, make_async_engine, require_tables
+from outboxkit.outbox.errors import NotMigratedError
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.readiness import Readiness
+from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
 from outboxkit.relay.health import DependencyHealth
@@ -29,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outboxkit.relay")
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
+RELAY_TABLES = (outbox_events.name, outbox_shard_leases.name, outbox_relays.name)
 
 
 @dataclass
@@ -52,8 +55,10 @@ class Relay:
             ...  # publishing in the background; relay.stats counts
 
     ``start`` begins the work in a background task and returns; database and Kafka outages
-    are retried there with backoff, so a relay may start before its dependencies. ``stop``
-    finishes gracefully: the batch in flight is acknowledged and recorded, the shard leases
+    are retried there with backoff, so a relay may start before its dependencies. A database
+    without outboxkit's tables is no outage: the work fails at once with
+    :class:`~outboxkit.outbox.errors.NotMigratedError`, raised by ``run``/``drain``/``stop``.
+    ``stop`` finishes gracefully: the batch in flight is acknowledged and recorded, the shard leases
     are released (another relay takes over at once) and the connections closed. ``run``
     works until ``stop`` is called; ``drain`` until nothing is pending, then stops.
     """
@@ -101,6 +106,7 @@ class Relay:
         self._until_drained = False
         self._settling = _SettleInFlight()
         self._task: asyncio.Task[None] | None = None
+        self._not_migrated = False
 
     @property
     def running(self) -> bool:
@@ -212,6 +218,7 @@ class Relay:
                     next_cleanup = time.monotonic() + self.options.cleanup_interval_s
                 self.database.succeeded()
             except DATABASE_ERRORS as error:
+                await self._fail_if_not_migrated(error)
                 attempt = self.database.failed(error)
                 await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
@@ -226,6 +233,7 @@ class Relay:
                 if self._until_drained and await self.claims.pending_count() == 0:
                     return
             except DATABASE_ERRORS as error:
+                await self._fail_if_not_migrated(error)
                 attempt = self.database.failed(error)
                 await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
@@ -268,6 +276,19 @@ class Relay:
             self.kafka.succeeded()
             rows = [row for row in next_rows if row.key is None or row.key not in failed_keys]
         return total
+
+    async def _fail_if_not_migrated(self, error: BaseException) -> None:
+        """Raise :class:`NotMigratedError` if ``error`` says a table is missing and one of the
+        relay's is: retrying could never succeed. Any other database error is retried."""
+        if not is_missing_table(error):
+            return
+        try:
+            await require_tables(self.engine, RELAY_TABLES)
+        except DATABASE_ERRORS:
+            return  # the database went away meanwhile: an outage after all, retried
+        except NotMigratedError:
+            self._not_migrated = True  # nothing to release on the way out
+            raise
 
     async def _sample_backlog(self) -> None:
         backlog = await self.claims.backlog()
@@ -317,7 +338,8 @@ class Relay:
         except DATABASE_ERRORS as error:
             log.warning("could not record the last batch (its rows will be sent again): %s", error)
         try:
-            await self.leases.release_all()
+            if not self._not_migrated:
+                await self.leases.release_all()
         except DATABASE_ERRORS as error:
             log.warning("could not release shard leases (they expire on their own): %s", error)
         await self.publisher.stop()

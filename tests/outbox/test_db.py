@@ -4,7 +4,8 @@ import ssl
 from pathlib import Path
 
 import pytest
-from outboxkit.outbox.db import DatabaseUrlError, PgTls, async_url, pg_tls, sync_url
+from outboxkit.outbox.db import PgTls, async_url, pg_tls, sync_url
+from outboxkit.outbox.errors import InvalidDatabaseUrlError
 from outboxkit.relay.notify import listen_dsn
 from outboxkit.testing.certificates import issue_certificate, make_ca
 from sqlalchemy.engine import make_url
@@ -65,7 +66,7 @@ def test_files_become_an_ssl_context_for_asyncpg_following_libpq(tmp_path: Path)
 )
 def test_bad_tls_parameters_are_one_line_errors_for_every_driver(query: str, message: str) -> None:
     for translate in (sync_url, async_url):
-        with pytest.raises(DatabaseUrlError, match=message):
+        with pytest.raises(InvalidDatabaseUrlError, match=message):
             translate(f"postgresql://u:p@db.internal/app?{query}")
 
 
