@@ -20,6 +20,16 @@ from outboxkit.actions.errors import (
     OperationNotFoundError,
     StaleLeaseError,
 )
+from outboxkit.actions.events import (
+    ActionEventData,
+    ActionFailed,
+    ActionFlagged,
+    ActionReconciled,
+    ActionRequested,
+    ActionStarted,
+    ActionSucceeded,
+    ActionUnknown,
+)
 from outboxkit.actions.keys import operation_key
 from outboxkit.actions.reconcile import Reconciler, reconcile_one, reconcile_unknown
 from outboxkit.actions.records import (
@@ -41,12 +51,20 @@ from outboxkit.actions.store import ActionStore
 __all__ = [
     "Absent",
     "ActionError",
+    "ActionEventData",
+    "ActionFailed",
     "ActionFailedError",
+    "ActionFlagged",
     "ActionInProgressError",
     "ActionOutcome",
     "ActionOutcomeUnknownError",
+    "ActionReconciled",
+    "ActionRequested",
     "ActionResult",
+    "ActionStarted",
     "ActionStore",
+    "ActionSucceeded",
+    "ActionUnknown",
     "AuditEntry",
     "Decision",
     "DecisionKind",

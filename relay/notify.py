@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import asyncpg
 from outboxkit.outbox.backoff import Backoff
-from sqlalchemy.engine import URL, make_url
+from outboxkit.outbox.notify import LISTEN_ERRORS, listening
+from sqlalchemy.engine import URL
 
 CHANNEL = "outboxkit_outbox"
 log = logging.getLogger("outboxkit.relay")
@@ -20,7 +20,7 @@ class CommitListener:
     """
 
     def __init__(self, db_url: str | URL, wake: asyncio.Event) -> None:
-        self._dsn = listen_dsn(db_url)
+        self._db_url = db_url
         self._wake = wake
         self._task: asyncio.Task[None] | None = None
         self._backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
@@ -38,42 +38,16 @@ class CommitListener:
     async def _run(self) -> None:
         attempt = 0
         while True:
-            lost = asyncio.Event()
             try:
-                connection = await asyncpg.connect(self._dsn, timeout=10)
-            except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+                async with listening(self._db_url, CHANNEL, lambda _: self._wake.set()) as lost:
+                    if attempt:
+                        log.info("LISTEN restored")
+                    attempt = 0
+                    self._wake.set()  # catch up on anything committed while we were away
+                    await lost.wait()
+                    log.warning("LISTEN connection lost, polling meanwhile")
+            except LISTEN_ERRORS as error:
                 attempt += 1
                 if attempt == 1:
                     log.warning("LISTEN unavailable, polling meanwhile: %s", error)
                 await asyncio.sleep(self._backoff.delay(attempt))
-                continue
-            try:
-                connection.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await connection.add_listener(CHANNEL, lambda *_: self._wake.set())
-                if attempt:
-                    log.info("LISTEN restored")
-                attempt = 0
-                self._wake.set()  # catch up on anything committed while we were away
-                await lost.wait()
-                log.warning("LISTEN connection lost, polling meanwhile")
-            finally:
-                await asyncio.shield(_close(connection))
-
-
-def listen_dsn(db_url: str | URL) -> str:
-    """A libpq-style DSN for asyncpg from a SQLAlchemy URL of any PostgreSQL driver.
-
-    SQLAlchemy's asyncpg dialect takes TLS as ``ssl=...``; asyncpg's own DSN parser reads
-    ``sslmode`` and would send ``ssl`` to the server as a setting, which the server refuses.
-    """
-    url = make_url(db_url).set(drivername="postgresql")
-    if "ssl" in url.query and "sslmode" not in url.query:
-        url = url.difference_update_query(["ssl"]).update_query_dict({"sslmode": url.query["ssl"]})
-    return url.render_as_string(hide_password=False)
-
-
-async def _close(connection: asyncpg.Connection) -> None:
-    try:
-        await asyncio.wait_for(connection.close(), 5)
-    except (OSError, asyncpg.PostgresError, TimeoutError):
-        connection.terminate()

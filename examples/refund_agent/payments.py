@@ -54,7 +54,8 @@ class PaymentsClient:
 
     async def reconcile(self, operation: OperationRecord) -> ReconcileOutcome:
         """Look the refund up by its Idempotency-Key (a reconciler for ``run_action``)."""
-        path = f"/refunds?idempotency_key={quote(operation.key, safe='')}"
+        key = quote(operation.idempotency_key, safe="")
+        path = f"/refunds?idempotency_key={key}"
         status, response = await asyncio.to_thread(self._call, "GET", path, None, {})
         if status != 200:
             return Unclear(f"lookup answered {status}")

@@ -84,7 +84,7 @@ async def test_without_a_reconciler_an_unknown_outcome_is_never_retried(db_url: 
                     await run_action(sessions, store, refund, timeout_s=10, retry=FAST, **request)
                 # the ledger's error is the kernel's "outcome unknown" too: one except covers both
                 assert isinstance(raised.value, OutcomeUnknownError)
-        assert calls == ["k-1"] and provider.refund_count() == 1
+        assert calls == ["k-1:g1"] and provider.refund_count() == 1
     assert event_types(db_url, T, "k-1") == ["requested", "started", "unknown"]
 
 
@@ -341,8 +341,11 @@ async def test_after_expiry_the_same_key_runs_again_as_a_new_operation(db_url: s
             await wait_for(db_now, lambda now: now > first.operation.expires_ms, 10, "expiry")
             second = await agent.handle("run-1", TICKET)
         assert second.executed and second.operation.generation == 2
-        # the provider still remembers the Idempotency-Key: a replay, not a second refund
-        assert provider.refund_count() == 1 and provider.replays == 1
+        # a new generation is a new action: a new Idempotency-Key, a new refund, no replay
+        assert provider.refund_count() == 2 and provider.replays == 0
+        keys = [refund["idempotency_key"] for refund in provider.refunds()]
+        assert keys == [f"{key}:g1", f"{key}:g2"]
+        assert second.result["idempotency_key"] == second.operation.idempotency_key
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"] * 2
 
 
