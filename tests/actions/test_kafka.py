@@ -9,10 +9,9 @@ from outboxkit.actions import ActionOutcomeUnknownError, ActionStore
 from outboxkit.outbox import Outbox
 from outboxkit.relay import Relay, RelayOptions
 
-from examples.refund_agent.agent import RefundAgent, Ticket
-from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
-from tests.support.actions import sessions_for
+from tests.support.actions import RefundSteps, sessions_for
 from tests.support.kafka import read_topic
 
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
@@ -25,13 +24,12 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
     ticket = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
     with PaymentProvider() as provider:
         async with sessions_for(pg_url) as sessions:
-            payments = PaymentsClient(provider.url, account="acme")
-            agent = RefundAgent(sessions, store, payments, tenant="acme")
-            key = agent.refund_key("run-1", ticket)
+            refund = RefundSteps(sessions, store, provider.url)
+            key = refund.key(ticket)
             provider.inject(Fault.DROP_AFTER_COMMIT)
             with pytest.raises(ActionOutcomeUnknownError):
-                await agent.handle("run-1", ticket)
-            assert not (await agent.handle("run-1", ticket)).executed
+                await refund(ticket)
+            assert not (await refund(ticket)).executed
             assert (
                 await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
                     timeout_s=60
@@ -40,7 +38,7 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
             )
 
             for _ in range(2):  # retries after the fact write no second event
-                assert not (await agent.handle("run-1", ticket)).executed
+                assert not (await refund(ticket)).executed
             assert (
                 await Relay(db_url=pg_url, bootstrap=kafka_bootstrap, options=FAST).drain(
                     timeout_s=60
