@@ -270,7 +270,7 @@ class Step(Generic[P, R]):
         resolved = self.__dict__.get("_resolved")
         if resolved is None:
             try:
-                hints = typing.get_type_hints(self._function)
+                hints = typing.get_type_hints(self._function, include_extras=True)
             except Exception as error:
                 raise TypeError(
                     f"cannot resolve the annotations of {self._function.__qualname__}: {error}"
