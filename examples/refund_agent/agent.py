@@ -63,7 +63,10 @@ class Refund(BaseModel):
     status: str
 
 
-def refund_step(payments: PaymentsClient) -> Step[[str, int, str], Refund]:
+RefundStep = Step[..., Refund]
+
+
+def refund_step(payments: PaymentsClient) -> RefundStep:
     """The refund step on ``payments``: one refund per charge in a run, whatever happens."""
 
     @step(
@@ -87,9 +90,6 @@ def refund_step(payments: PaymentsClient) -> Step[[str, int, str], Refund]:
         return Refund.model_validate(reply)
 
     return refund
-
-
-RefundStep = Step[[str, int, str], Refund]
 
 
 def build_agent(refund: RefundStep) -> Agent[None, str]:
