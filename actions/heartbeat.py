@@ -55,7 +55,6 @@ class Heartbeat:
         self._interval_s = interval_s
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.beats = 0
 
     async def __aenter__(self) -> Heartbeat:
         self._task = asyncio.create_task(self._beat(), name="outboxkit-action-heartbeat")
@@ -104,7 +103,6 @@ class Heartbeat:
             else:
                 if alive:
                     last_ok = time.monotonic()
-                    self.beats += 1
             if not alive:
                 self._lost.set()
                 return

@@ -126,6 +126,8 @@ async def run_action(
         raise ValueError("wait_in_progress_s must not be negative")
     lease_s = lease_s if lease_s is not None else store.lease_s
     heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+    if not heartbeat_s > 0:
+        raise ValueError("heartbeat_s must be positive")
     attempt = _Attempt(sessions, store, action, timeout_s, retry, lease_s, heartbeat_s)
     holder = new_holder()
     reconciled = False
@@ -203,14 +205,11 @@ class _Attempt:
         lease = claimed.lease
         assert lease is not None
         started = time.monotonic()
+        heartbeat = Heartbeat(
+            self.sessions, self.store, lease, lease_s=self.lease_s, interval_s=self.heartbeat_s
+        )
         try:
-            async with Heartbeat(
-                self.sessions,
-                self.store,
-                lease,
-                lease_s=self.lease_s,
-                interval_s=self.heartbeat_s,
-            ) as heartbeat:
+            async with heartbeat:
                 value = await heartbeat.guard(
                     asyncio.wait_for(self.action(lease.idempotency_key), self.timeout_s)
                 )

@@ -66,8 +66,9 @@ def new_holder() -> str:
 class ActionStore:
     """Records agent operations and decides, in code, whether one may run.
 
-    ``lease_s`` is how long (seconds) a claim stays live without an answer (then the operation
-    becomes UNKNOWN, not PENDING); ``ttl_s`` how long a record is remembered after its last change
+    ``lease_s`` is how long (seconds) a claim stays live without an answer or a heartbeat
+    (then the operation becomes UNKNOWN, not PENDING; :func:`run_action` extends it while the
+    action runs); ``ttl_s`` how long a record is remembered after its last change
     before a begin with the same key may start a new operation. Events go through ``outbox``
     (default: topic ``outboxkit.actions``) with ``source``.
     """
