@@ -43,6 +43,14 @@ class StaleLeaseError(ActionError):
     """The caller's lease no longer owns the operation (it was reclaimed, resolved or replaced)."""
 
 
+class LeaseExpiredError(StaleLeaseError):
+    """The lease still names this attempt but expired before its outcome was recorded.
+
+    Raised only when a finishing call requires a live lease (the runner does): the worker then
+    records UNKNOWN, since others may already have been told the outcome is unknown.
+    """
+
+
 class _OutcomeError(ActionError):
     def __init__(self, message: str, record: OperationRecord) -> None:
         super().__init__(message)

@@ -29,6 +29,11 @@ def operation_key(
     in it, the action type, the target (e.g. a charge id) and the version of the action's
     definition. Never pass an attempt number, a timestamp or a random value: a retry must
     produce the same key. Empty or missing parts raise :class:`InvalidActionInputError`.
+
+    Every part is a ``str``, except the version, which may also be a non-negative ``int``
+    (``1`` and ``"1"`` name the same version). An ``int`` elsewhere is refused rather than
+    turned into text: ``target_id=42`` and ``target_id="42"`` would otherwise silently be one
+    key; convert ids yourself, deliberately.
     """
     parts = {
         "tenant": tenant,
@@ -39,13 +44,16 @@ def operation_key(
         "action_version": action_version,
     }
     for name, value in parts.items():
-        if isinstance(value, bool) or not isinstance(value, str | int):
+        allowed: tuple[type, ...] = (str, int) if name == "action_version" else (str,)
+        if isinstance(value, bool) or not isinstance(value, allowed):
             raise InvalidActionInputError(
-                f"operation key part {name!r} must be a str (or an int version), "
-                f"not {type(value).__name__}"
+                f"operation key part {name!r} must be a str"
+                f"{' or an int' if name == 'action_version' else ''}, not {type(value).__name__}"
             )
         if isinstance(value, str) and not value.strip():
             raise InvalidActionInputError(f"operation key part {name!r} is empty")
+        if isinstance(value, int) and value < 0:
+            raise InvalidActionInputError(f"operation key part {name!r} is negative")
     check_tenant(tenant)
     # A JSON array of the parts has no delimiter ambiguity ("a:b"+"c" vs "a"+"b:c").
     material = json.dumps([str(parts[name]) for name in parts], separators=(",", ":"))

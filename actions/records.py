@@ -12,6 +12,17 @@ from outboxkit.actions.states import State
 from outboxkit.outbox.jsonable import as_json
 
 
+def idempotency_key(key: str, generation: int) -> str:
+    """The ``Idempotency-Key`` of one generation of an operation: ``{key}:g{generation}``.
+
+    Every attempt of a generation sends the same one, so a downstream that honours it turns a
+    repeated call into a replay. A new generation (the key reused after its record expired) is a
+    new action and sends a new one, so a downstream that still remembers the old key does not
+    answer it with the old response.
+    """
+    return f"{key}:g{generation}"
+
+
 @dataclass(frozen=True, slots=True)
 class OperationRecord:
     """One row of ``agent_operations`` as the database last showed it (times in epoch ms)."""
@@ -56,6 +67,11 @@ class OperationRecord:
             updated_ms=row["updated_ms"],
             expires_ms=row["expires_ms"],
         )
+
+    @property
+    def idempotency_key(self) -> str:
+        """What this generation sends downstream: see :func:`idempotency_key`."""
+        return idempotency_key(self.key, self.generation)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (used by the CLI and the audit trail); the row id stays inside."""
@@ -107,6 +123,11 @@ class Lease:
     generation: int
     attempt: int
     holder: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """What the action sends downstream: see :func:`idempotency_key`."""
+        return idempotency_key(self.key, self.generation)
 
 
 class DecisionKind(StrEnum):

@@ -16,6 +16,7 @@ on to the downstream as its ``Idempotency-Key``. How its exceptions (from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,22 +26,26 @@ from outboxkit.actions.errors import (
     ActionFailedError,
     ActionInProgressError,
     ActionOutcomeUnknownError,
+    LeaseExpiredError,
 )
+from outboxkit.actions.heartbeat import Heartbeat, LeaseLostError
 from outboxkit.actions.reconcile import Reconciler, reconcile_one
-from outboxkit.actions.records import Decision, DecisionKind, OperationRecord
+from outboxkit.actions.records import Decision, DecisionKind, Lease, OperationRecord
 from outboxkit.actions.store import ActionStore, new_holder
+from outboxkit.actions.waiting import OperationWatch, watch_operation
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-LEASE_MARGIN_S = 5.0
 DEFAULT_RETRY = RetryPolicy(
     max_attempts=3, backoff=Backoff(base_s=0.2, cap_s=5.0), max_elapsed_s=300.0
 )
 """Three attempts of an operation, 0.2-5 s apart, within five minutes of its first claim."""
 DEFAULT_POLL = Backoff(base_s=0.05, cap_s=1.0, floor_s=0.02)
-"""How often an operation another worker is running is looked at again."""
+"""How often an operation another worker is running is looked at again (woken earlier by
+LISTEN/NOTIFY on PostgreSQL)."""
+LOST_LEASE = "lease lost while the action ran (no heartbeat got through); it may have taken effect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +90,18 @@ async def run_action(
     retry: RetryPolicy | None = None,
     reconciler: Reconciler | None = None,
     lease_s: float | None = None,
+    heartbeat_s: float | None = None,
     wait_in_progress_s: float = 30.0,
     poll_backoff: Backoff | None = None,
 ) -> ActionOutcome:
-    """Run ``action(key)`` at most once for ``(tenant, key)`` and return the recorded outcome.
+    """Run ``action(idempotency_key)`` at most once for ``(tenant, key)``; return the outcome.
 
-    Each step is its own short transaction from ``sessions``. ``timeout_s`` bounds one call of
-    the action. The lease defaults to ``timeout_s`` plus 5 s, so a sweep does not take a call
-    that is still within its timeout for lost.
+    The action gets ``{key}:g{generation}`` (:func:`~outboxkit.actions.records.idempotency_key`)
+    to send downstream as its ``Idempotency-Key``. Each step is its own short transaction from
+    ``sessions``. ``timeout_s`` bounds one call of the action. The lease (``lease_s``, default
+    the store's) is extended every ``heartbeat_s`` (default a third of the lease) while the
+    action runs; if the lease is lost meanwhile, the action is cancelled and the operation ends
+    UNKNOWN.
 
     ``retry`` (default :data:`DEFAULT_RETRY`) decides about a
     :class:`~outboxkit.outbox.errors.TransientError`: ``max_attempts`` counts the operation's
@@ -100,8 +109,9 @@ async def run_action(
     measured from the operation's first claim (database clock) to the end of the failed call.
 
     Waiting is not retrying: when another worker holds a live lease, the operation is looked
-    at again after delays from ``poll_backoff`` (default :data:`DEFAULT_POLL`) for up to
-    ``wait_in_progress_s`` seconds, then :class:`ActionInProgressError` is raised.
+    at again after delays from ``poll_backoff`` (default :data:`DEFAULT_POLL`), or as soon as
+    it changes (LISTEN/NOTIFY on PostgreSQL), for up to ``wait_in_progress_s`` seconds, then
+    :class:`ActionInProgressError` is raised.
 
     An UNKNOWN operation found at begin is reconciled once with ``reconciler`` if one is given
     (a restarted agent resumes this way); otherwise, and if it stays UNKNOWN,
@@ -114,101 +124,163 @@ async def run_action(
         raise ValueError("timeout_s must be positive")
     if wait_in_progress_s < 0:
         raise ValueError("wait_in_progress_s must not be negative")
-    lease_s = lease_s if lease_s is not None else timeout_s + LEASE_MARGIN_S
+    lease_s = lease_s if lease_s is not None else store.lease_s
+    heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+    if not heartbeat_s > 0:
+        raise ValueError("heartbeat_s must be positive")
+    attempt = _Attempt(sessions, store, action, timeout_s, retry, lease_s, heartbeat_s)
     holder = new_holder()
     reconciled = False
-    polls = 0
-    wait_deadline: float | None = None
-    while True:
-        async with sessions() as session, session.begin():
-            decision = await store.begin(
-                session,
-                tenant=tenant,
-                key=key,
-                action_type=action_type,
-                params=params,
-                lease_s=lease_s,
-                holder=holder,
-            )
-        op = decision.operation
-        if decision.kind is DecisionKind.SUCCEEDED:
-            return ActionOutcome(op, executed=False)
-        if decision.kind is DecisionKind.FAILED:
-            raise ActionFailedError(f"operation {key!r} failed: {op.last_error}", op)
-        if decision.kind is DecisionKind.UNKNOWN:
-            if reconciler is not None and not reconciled:
-                reconciled = True
-                await reconcile_one(sessions, store, reconciler, op, actor=f"reconciler:{holder}")
-                continue
-            raise ActionOutcomeUnknownError(_unknown_message(op), op)
-        if decision.kind is DecisionKind.IN_PROGRESS:
-            now = time.monotonic()
-            wait_deadline = wait_deadline or now + wait_in_progress_s
-            if now >= wait_deadline:
-                raise ActionInProgressError(
-                    f"operation {key!r} is still running under {op.lease_holder}", op
-                )
-            polls += 1
-            await asyncio.sleep(min(poll_backoff.delay(polls), max(0.0, wait_deadline - now)))
-            continue
-        assert decision.lease is not None
-        outcome = await _execute(sessions, store, action, decision, timeout_s, retry)
-        if outcome is not None:
-            return outcome
+    async with contextlib.AsyncExitStack() as waiting:
+        watch: OperationWatch | None = None
         polls = 0
-        wait_deadline = None
+        wait_deadline = 0.0
+        while True:
+            async with sessions() as session, session.begin():
+                db_url = session.get_bind().engine.url
+                decision = await store.begin(
+                    session,
+                    tenant=tenant,
+                    key=key,
+                    action_type=action_type,
+                    params=params,
+                    lease_s=lease_s,
+                    holder=holder,
+                )
+            op = decision.operation
+            if decision.kind is DecisionKind.IN_PROGRESS:
+                now = time.monotonic()
+                if watch is None:
+                    wait_deadline = now + wait_in_progress_s
+                    watch = await waiting.enter_async_context(watch_operation(db_url, op.id))
+                    continue  # read again now that changes wake us: none can slip in between
+                if now >= wait_deadline:
+                    raise ActionInProgressError(
+                        f"operation {key!r} is still running under {op.lease_holder}", op
+                    )
+                polls += 1
+                await watch.wait(min(poll_backoff.delay(polls), wait_deadline - now))
+                continue
+            await waiting.aclose()  # done waiting: close the LISTEN connection
+            watch, polls = None, 0
+            if decision.kind is DecisionKind.SUCCEEDED:
+                return ActionOutcome(op, executed=False)
+            if decision.kind is DecisionKind.FAILED:
+                raise ActionFailedError(f"operation {key!r} failed: {op.last_error}", op)
+            if decision.kind is DecisionKind.UNKNOWN:
+                if reconciler is not None and not reconciled:
+                    reconciled = True
+                    actor = f"reconciler:{holder}"
+                    await reconcile_one(sessions, store, reconciler, op, actor=actor)
+                    continue
+                raise ActionOutcomeUnknownError(_unknown_message(op), op)
+            outcome = await attempt.run(decision)
+            if outcome is not None:
+                return outcome
 
 
-async def _execute(
-    sessions: async_sessionmaker[AsyncSession],
-    store: ActionStore,
-    action: Action,
-    claimed: Decision,
-    timeout_s: float,
-    retry: RetryPolicy,
-) -> ActionOutcome | None:
-    """Run one claimed attempt; ``None`` means a transient failure to retry after a pause."""
-    lease = claimed.lease
-    assert lease is not None
-    started = time.monotonic()
-    try:
-        value = await asyncio.wait_for(action(lease.key), timeout_s)
-    except TimeoutError as error:
-        reason = f"no answer within {timeout_s:g}s; the action may have taken effect"
-        op = await _settle(sessions, lambda s: store.mark_unknown(s, lease, reason))
-        raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
-    except TransientError as error:
-        claim = claimed.operation
-        elapsed_s = (claim.updated_ms - claim.created_ms) / 1000 + time.monotonic() - started
-        delay = retry.next_delay(lease.attempt, elapsed_s)
-        message = _describe(error)
-        if delay is None:
-            message = f"gave up after {lease.attempt} attempts in {elapsed_s:.1f}s; last: {message}"
-        op = await _settle(sessions, lambda s: store.fail(s, lease, message, final=delay is None))
-        if delay is None:
-            raise ActionFailedError(f"operation {lease.key!r} failed: {message}", op) from error
-        await asyncio.sleep(delay)
-        return None
-    except PermanentError as error:
-        message = _describe(error)
-        op = await _settle(sessions, lambda s: store.fail(s, lease, message, final=True))
-        raise ActionFailedError(f"operation {lease.key!r} failed: {op.last_error}", op) from error
-    except Exception as error:  # OutcomeUnknownError or anything unclassified: never guess
-        message = _describe(error)
-        op = await _settle(sessions, lambda s: store.mark_unknown(s, lease, message))
-        raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
-    except BaseException as error:  # cancelled mid-call: the call may have landed
-        message = f"cancelled: {_describe(error)}"
-        await asyncio.shield(_settle(sessions, lambda s: store.mark_unknown(s, lease, message)))
-        raise
-    if isinstance(value, ActionResult):
-        result, external_ref = value.value, value.external_ref
-    else:
-        result, external_ref = value, None
-    op = await _settle(
-        sessions, lambda s: store.complete(s, lease, result=result, external_ref=external_ref)
-    )
-    return ActionOutcome(op, executed=True)
+class _Attempt:
+    """One claimed attempt: the call under a heartbeat, then its outcome recorded."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        store: ActionStore,
+        action: Action,
+        timeout_s: float,
+        retry: RetryPolicy,
+        lease_s: float,
+        heartbeat_s: float,
+    ) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.action = action
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s
+
+    async def run(self, claimed: Decision) -> ActionOutcome | None:
+        """Run one claimed attempt; ``None`` means a transient failure to retry after a pause."""
+        lease = claimed.lease
+        assert lease is not None
+        started = time.monotonic()
+        heartbeat = Heartbeat(
+            self.sessions, self.store, lease, lease_s=self.lease_s, interval_s=self.heartbeat_s
+        )
+        try:
+            async with heartbeat:
+                value = await heartbeat.guard(
+                    asyncio.wait_for(self.action(lease.idempotency_key), self.timeout_s)
+                )
+        except LeaseLostError as error:
+            op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, LOST_LEASE))
+            raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
+        except TimeoutError as error:
+            reason = f"no answer within {self.timeout_s:g}s; the action may have taken effect"
+            op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, reason))
+            raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
+        except TransientError as error:
+            claim = claimed.operation
+            elapsed_s = (claim.updated_ms - claim.created_ms) / 1000 + time.monotonic() - started
+            delay = self.retry.next_delay(lease.attempt, elapsed_s)
+            message = _describe(error)
+            if delay is None:
+                message = (
+                    f"gave up after {lease.attempt} attempts in {elapsed_s:.1f}s; last: {message}"
+                )
+            final = delay is None
+            op = await self._settle(
+                lease,
+                lambda s: self.store.fail(s, lease, message, final=final, require_live_lease=True),
+            )
+            if final:
+                raise ActionFailedError(f"operation {lease.key!r} failed: {message}", op) from error
+            assert delay is not None
+            await asyncio.sleep(delay)
+            return None
+        except PermanentError as error:
+            message = _describe(error)
+            op = await self._settle(
+                lease,
+                lambda s: self.store.fail(s, lease, message, final=True, require_live_lease=True),
+            )
+            raise ActionFailedError(
+                f"operation {lease.key!r} failed: {op.last_error}", op
+            ) from error
+        except Exception as error:  # OutcomeUnknownError or anything unclassified: never guess
+            message = _describe(error)
+            op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, message))
+            raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
+        except BaseException as error:  # cancelled mid-call: the call may have landed
+            message = f"cancelled: {_describe(error)}"
+            await asyncio.shield(
+                self._settle(lease, lambda s: self.store.mark_unknown(s, lease, message))
+            )
+            raise
+        if isinstance(value, ActionResult):
+            result, external_ref = value.value, value.external_ref
+        else:
+            result, external_ref = value, None
+        op = await self._settle(
+            lease,
+            lambda s: self.store.complete(
+                s, lease, result=result, external_ref=external_ref, require_live_lease=True
+            ),
+        )
+        return ActionOutcome(op, executed=True)
+
+    async def _settle(
+        self, lease: Lease, change: Callable[[AsyncSession], Awaitable[OperationRecord]]
+    ) -> OperationRecord:
+        """Record an outcome; a lease that expired meanwhile records UNKNOWN instead."""
+        try:
+            return await _settle(self.sessions, change)
+        except LeaseExpiredError as error:
+            op = await _settle(
+                self.sessions, lambda s: self.store.mark_unknown(s, lease, LOST_LEASE)
+            )
+            raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
 
 
 async def _settle(

@@ -20,6 +20,7 @@ from outboxkit.actions.errors import (
     ActionError,
     IllegalTransitionError,
     InvalidActionInputError,
+    LeaseExpiredError,
     OperationConflictError,
     OperationNotFoundError,
     StaleLeaseError,
@@ -47,7 +48,7 @@ from outboxkit.outbox.writer import Outbox
 from sqlalchemy import ColumnElement, Insert, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-DEFAULT_LEASE_S = 60.0
+DEFAULT_LEASE_S = 30.0
 DEFAULT_TTL_S = 24 * 3600.0
 _MAX_RACES = 8  # re-reads after losing a compare-and-set; each loss means someone progressed
 _RESOLUTION_TARGET = {
@@ -65,8 +66,9 @@ def new_holder() -> str:
 class ActionStore:
     """Records agent operations and decides, in code, whether one may run.
 
-    ``lease_s`` is how long (seconds) a claim stays live without an answer (then the operation
-    becomes UNKNOWN, not PENDING); ``ttl_s`` how long a record is remembered after its last change
+    ``lease_s`` is how long (seconds) a claim stays live without an answer or a heartbeat
+    (then the operation becomes UNKNOWN, not PENDING; :func:`run_action` extends it while the
+    action runs); ``ttl_s`` how long a record is remembered after its last change
     before a begin with the same key may start a new operation. Events go through ``outbox``
     (default: topic ``outboxkit.actions``) with ``source``.
     """
@@ -283,11 +285,14 @@ class ActionStore:
         *,
         result: Any = None,
         external_ref: str | None = None,
+        require_live_lease: bool = False,
     ) -> OperationRecord:
         """Record success with its JSON ``result`` and the external system's reference.
 
         Accepted from RUNNING, and from UNKNOWN when the lease expired but this holder still
-        learned the outcome. Repeating it is a no-op; a stale lease raises
+        learned the outcome, unless ``require_live_lease``: then an expired lease raises
+        :class:`LeaseExpiredError` (the runner's rule: a worker that lost its lease records
+        nothing but UNKNOWN). Repeating it is a no-op; a stale lease raises
         :class:`StaleLeaseError`.
         """
         stored = None if result is None else canonical_json(result)
@@ -305,15 +310,23 @@ class ActionStore:
                 "last_error": None,
                 "needs_attention": False,
             },
+            require_live_lease=require_live_lease,
         )
 
     async def fail(
-        self, session: AsyncSession, lease: Lease, error: str, *, final: bool
+        self,
+        session: AsyncSession,
+        lease: Lease,
+        error: str,
+        *,
+        final: bool,
+        require_live_lease: bool = False,
     ) -> OperationRecord:
         """Record a failure: ``final`` ends in FAILED_FINAL, otherwise back to PENDING.
 
         A transient failure must mean the side effect certainly did not happen; its attempt
-        stays counted and a later begin may claim the operation again.
+        stays counted and a later begin may claim the operation again. ``require_live_lease``
+        as for :meth:`complete`.
         """
         error = _check_text("error", error, 2000, truncate=True)
         target = State.FAILED_FINAL if final else State.PENDING
@@ -325,6 +338,7 @@ class ActionStore:
             events.FAILED,
             reason,
             {"last_error": error, "needs_attention": False},
+            require_live_lease=require_live_lease,
         )
 
     async def mark_unknown(
@@ -344,9 +358,11 @@ class ActionStore:
         event_type: str,
         reason: str,
         values: dict[str, Any],
+        *,
+        require_live_lease: bool = False,
     ) -> OperationRecord:
         for _ in range(_MAX_RACES):
-            op, _now = await self._load(session, lease.tenant, lease.key)
+            op, now = await self._load(session, lease.tenant, lease.key)
             if (
                 op is None
                 or op.generation != lease.generation
@@ -366,6 +382,12 @@ class ActionStore:
                     f"operation {lease.key!r} is {op.state}; it cannot become {target} "
                     "through this lease"
                 )
+            live = op.state is State.RUNNING and (op.lease_expires_ms or 0) > now
+            if require_live_lease and not live:
+                raise LeaseExpiredError(
+                    f"lease on {lease.key!r} attempt {lease.attempt} expired before the outcome "
+                    "was recorded"
+                )
             late = "" if op.state is State.RUNNING else " (after its lease expired)"
             done = await self._transition(
                 session,
@@ -375,10 +397,39 @@ class ActionStore:
                 actor=lease.holder,
                 reason=reason + late,
                 values={**values, "lease_expires_ms": None},
+                where=[ops.c.lease_expires_ms > db_now_ms(_dialect(session))]
+                if require_live_lease
+                else None,
             )
             if done is not None:
                 return done
         raise StaleLeaseError(f"operation {lease.key!r} kept changing under this lease")
+
+    async def extend_lease(self, session: AsyncSession, lease: Lease, lease_s: float) -> bool:
+        """A heartbeat: move a live lease's expiry to ``now + lease_s`` (database clock).
+
+        A compare-and-set on the lease (tenant, key, generation, attempt, holder, RUNNING, not
+        yet expired); no state change, so no audit row and no event. False means the lease is
+        lost: it expired (a sweep or a begin may already have made the operation UNKNOWN), or
+        the operation was resolved, reclaimed or replaced.
+        """
+        lease_ms = _positive_ms("lease_s", lease_s)
+        now = db_now_ms(_dialect(session))
+        statement = (
+            update(ops)
+            .where(
+                ops.c.tenant == lease.tenant,
+                ops.c.op_key == lease.key,
+                ops.c.generation == lease.generation,
+                ops.c.attempts == lease.attempt,
+                ops.c.lease_holder == lease.holder,
+                ops.c.state == State.RUNNING.value,
+                ops.c.lease_expires_ms > now,
+            )
+            .values(lease_expires_ms=now + lease_ms)
+            .returning(ops.c.id)
+        )
+        return (await session.execute(statement)).first() is not None
 
     # -- reconciliation and manual resolution ------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""``python -m examples.refund_agent``: the lost-reply retry that ends in one refund.
+"""``python -m examples.refund_agent``: a pydantic-ai agent whose refund happens exactly once.
 
-Without arguments it runs the demo against its own provider on loopback. ``refund`` runs one
-agent step against a provider given by URL and prints the outcome as JSON (a worker process).
+Without arguments it runs the demo against its own provider on loopback, with the scripted
+model (offline). ``refund`` runs the agent on one ticket against a provider given by URL and
+prints the outcome as JSON (a worker process, which the crash test kills).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import json
 import uuid
 
-from outboxkit.actions import ActionError, ActionOutcomeUnknownError, ActionStore
+from outboxkit.actions import ActionError, ActionOutcomeUnknownError, Actions, ActionStore
 from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.settings import Settings
@@ -19,7 +20,13 @@ from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from examples.refund_agent.agent import RefundAgent, Ticket
+from examples.refund_agent.agent import (
+    Ticket,
+    build_agent,
+    handle_ticket,
+    refund_step,
+    scripted_model,
+)
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
 
@@ -27,7 +34,7 @@ TENANT = "acme-shop"
 
 
 async def demo(db_url: str) -> int:
-    """Lose the provider's reply after it refunded, retry the step, and count the refunds."""
+    """Lose the provider's reply after it refunded, run the agent again, count the refunds."""
     upgrade(db_url)
     engine = make_async_engine(db_url)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -35,31 +42,31 @@ async def demo(db_url: str) -> int:
     ticket = Ticket(ticket_id="T-1001", charge_id="ch_42", amount_cents=1999)
     try:
         with PaymentProvider() as provider:
-            payments = PaymentsClient(provider.url, account=TENANT)
-            agent = RefundAgent(sessions, ActionStore(), payments, tenant=TENANT, timeout_s=5)
-            key = agent.refund_key(run_id, ticket)
-            print(f"workflow run {run_id}, refund step key {key}")
+            refund = refund_step(PaymentsClient(provider.url, account=TENANT))
+            agent = build_agent(refund)
+            actions = Actions(sessions, tenant=TENANT, run_id=run_id, timeout_s=5)
+            with actions:
+                key = refund.key(ticket.charge_id, ticket.amount_cents, ticket.currency)
+            print(f"agent run {run_id}, refund operation {key}")
 
-            print("1. the provider commits the refund, then drops the connection unanswered")
+            print("1. the model calls the refund tool; the provider refunds, then drops the reply")
             provider.inject(Fault.DROP_AFTER_COMMIT)
             try:
-                await agent.handle(run_id, ticket)
+                await handle_ticket(actions, agent, ticket)
             except ActionOutcomeUnknownError as error:
-                print(f"   outcome UNKNOWN, not retried blindly: {error.record.last_error}")
+                print(
+                    f"   the run stops: outcome UNKNOWN, not retried blindly ({error.record.state})"
+                )
 
-            print("2. the agent retries the step: same key; the reconciler finds the refund")
-            outcome = await agent.handle(run_id, ticket)
-            print(
-                f"   {outcome.operation.state}: refund {outcome.external_ref}, "
-                f"executed by this call: {outcome.executed}"
-            )
+            print("2. the run starts again with the same run id; the reconciler finds the refund")
+            answer = await handle_ticket(actions, agent, ticket)
+            print(f"   agent: {answer.output}")
 
-            print("3. once more: the stored result, no call to the provider")
-            again = await agent.handle(run_id, ticket)
-            print(
-                f"   {again.operation.state}: refund {again.external_ref}, "
-                f"executed by this call: {again.executed}"
+            print("3. a model that calls the tool twice in one run gets the stored refund twice")
+            again = await handle_ticket(
+                actions, agent, ticket, model=scripted_model(ticket, calls=2)
             )
+            print(f"   agent: {again.output}")
 
             refunds = provider.refund_count(TENANT)
             print(f"provider refunds: {refunds}")
@@ -86,22 +93,21 @@ async def demo(db_url: str) -> int:
 
 
 async def refund_once(args: argparse.Namespace) -> int:
-    """One agent step against an external provider; prints the outcome as one JSON line."""
+    """The agent on one ticket against an external provider; prints one JSON line."""
     engine = make_async_engine(args.db_url)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     payments = PaymentsClient(args.provider_url, account=args.tenant)
-    agent = RefundAgent(
+    actions = Actions(
         sessions,
-        ActionStore(),
-        payments,
         tenant=args.tenant,
+        run_id=args.run_id,
         timeout_s=args.timeout,
         lease_s=args.lease,
     )
     ticket = Ticket(ticket_id="T-cli", charge_id=args.charge_id, amount_cents=args.amount)
     try:
-        outcome = await agent.handle(args.run_id, ticket)
-        print(json.dumps({"state": outcome.operation.state, "result": outcome.result}))
+        result = await handle_ticket(actions, build_agent(refund_step(payments)), ticket)
+        print(json.dumps({"output": result.output}))
         return 0
     except ActionOutcomeUnknownError as error:
         print(json.dumps({"state": "UNKNOWN", "error": str(error)}))
@@ -114,18 +120,18 @@ async def refund_once(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and run the demo or one refund step."""
+    """Parse arguments and run the demo or one ticket."""
     parser = argparse.ArgumentParser(prog="python -m examples.refund_agent")
     parser.add_argument("--db-url", default=Settings().db_url, help="[env: OUTBOXKIT_DB_URL]")
     commands = parser.add_subparsers(dest="command")
-    one = commands.add_parser("refund", help="run one refund step against --provider-url")
+    one = commands.add_parser("refund", help="run the agent on one ticket against --provider-url")
     one.add_argument("--provider-url", required=True)
     one.add_argument("--tenant", default=TENANT)
     one.add_argument("--run-id", required=True)
     one.add_argument("--charge-id", required=True)
     one.add_argument("--amount", type=int, default=1999)
     one.add_argument("--timeout", type=float, default=10.0, help="seconds per provider call")
-    one.add_argument("--lease", type=float, default=None, help="seconds (default: timeout + 5)")
+    one.add_argument("--lease", type=float, default=None, help="seconds (heartbeats extend it)")
     args = parser.parse_args(argv)
     if args.command == "refund":
         return asyncio.run(refund_once(args))

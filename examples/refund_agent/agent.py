@@ -1,19 +1,39 @@
-"""The agent workflow: read a support ticket, decide a refund, issue it exactly once."""
+"""The refund agent: a pydantic-ai agent whose refund tool is an at-most-once step.
+
+The tool *is* the step: ``refund_step(payments)`` is registered with the agent as it is. The
+model is pydantic-ai's ``FunctionModel``, scripted here to read a ticket and call the tool, so
+the example runs offline (no network, no API key); a real model plugs in the same way
+(``handle_ticket(..., model="openai:gpt-5")``).
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Annotated
 
-from outboxkit.actions import ActionOutcome, ActionStore, operation_key, run_action
-from outboxkit.outbox import RetryPolicy
-from outboxkit.outbox.backoff import Backoff
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from outboxkit.actions import Actions, Step, current_step, step
+from pydantic import BaseModel, Field
+from pydantic_ai import Agent, AgentRunResult
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from examples.refund_agent.payments import PaymentsClient
 
 ACTION_TYPE = "payments.refund"
-ACTION_VERSION = 1
 MAX_REFUND_CENTS = 50_000
+INSTRUCTIONS = (
+    "You handle refund requests of a shop's customers. Refund what the ticket asks for, at most "
+    f"{MAX_REFUND_CENTS} cents, with the refund tool; then tell the customer the refund's id."
+)
 
 
 @dataclass(frozen=True)
@@ -25,63 +45,104 @@ class Ticket:
     amount_cents: int
     currency: str = "EUR"
 
+    def prompt(self) -> str:
+        """The ticket as the customer wrote it."""
+        return (
+            f"Ticket {self.ticket_id}: please refund {self.amount_cents} {self.currency} "
+            f"cents of charge {self.charge_id}."
+        )
 
-class RefundAgent:
-    """An agent whose ``issue-refund`` step is a recorded, at-most-once action.
 
-    The decision step is a fixed policy standing in for a model's tool call; what matters is
-    that a retry of the same workflow run and step yields the same operation key.
+class Refund(BaseModel):
+    """The refund tool's result: the provider's refund record."""
+
+    id: str
+    charge_id: str
+    amount_cents: int
+    currency: str
+    status: str
+
+
+RefundStep = Step[..., Refund]
+
+
+def refund_step(payments: PaymentsClient) -> RefundStep:
+    """The refund step on ``payments``: one refund per charge in a run, whatever happens."""
+
+    @step(
+        ACTION_TYPE,
+        target="charge_id",
+        reconciler=payments.reconcile,
+        external_ref=lambda refund: refund.id,
+    )
+    async def refund(
+        charge_id: str,
+        amount_cents: Annotated[int, Field(gt=0, le=MAX_REFUND_CENTS)],
+        currency: str = "EUR",
+    ) -> Refund:
+        """Refund ``amount_cents`` of the customer's charge ``charge_id``."""
+        reply = await payments.refund(
+            current_step().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency=currency,
+        )
+        return Refund.model_validate(reply)
+
+    return refund
+
+
+def build_agent(refund: RefundStep) -> Agent[None, str]:
+    """The agent, with the refund step as its tool (no model yet: given per run)."""
+    return Agent(name="refund-agent", instructions=INSTRUCTIONS, tools=[refund])
+
+
+def scripted_model(ticket: Ticket, *, calls: int = 1) -> FunctionModel:
+    """A model that calls the refund tool for ``ticket`` ``calls`` times, then answers.
+
+    Calling it twice is what a real model does now and then: the second call must get the
+    stored refund, not make another one.
     """
 
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        store: ActionStore,
-        payments: PaymentsClient,
-        *,
-        tenant: str,
-        timeout_s: float = 10.0,
-        lease_s: float | None = None,
-        retry: RetryPolicy | None = None,
-        poll_backoff: Backoff | None = None,
-    ) -> None:
-        self.sessions = sessions
-        self.store = store
-        self.payments = payments
-        self.tenant = tenant
-        self.timeout_s = timeout_s
-        self.lease_s = lease_s
-        self.retry = retry
-        self.poll_backoff = poll_backoff
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = tool_returns(messages)
+        if len(returns) < calls:
+            arguments = {
+                "charge_id": ticket.charge_id,
+                "amount_cents": ticket.amount_cents,
+                "currency": ticket.currency,
+            }
+            return ModelResponse(
+                parts=[ToolCallPart("refund", arguments, tool_call_id=f"call-{len(returns)}")]
+            )
+        refunds = {json.loads(part.model_response_str())["id"] for part in returns}
+        return ModelResponse(parts=[TextPart(f"Refunded as {', '.join(sorted(refunds))}.")])
 
-    def refund_key(self, run_id: str, ticket: Ticket) -> str:
-        """The operation key of this run's refund step: no attempt number, no clock."""
-        return operation_key(
-            self.tenant, run_id, "issue-refund", ACTION_TYPE, ticket.charge_id, ACTION_VERSION
-        )
+    return FunctionModel(respond, model_name="scripted-refund-model")
 
-    async def handle(self, run_id: str, ticket: Ticket) -> ActionOutcome:
-        """Run the workflow for ``ticket``; safe to call again after any failure or crash."""
-        params = {
-            "charge_id": ticket.charge_id,
-            "amount_cents": min(ticket.amount_cents, MAX_REFUND_CENTS),
-            "currency": ticket.currency,
-        }
 
-        async def issue(idempotency_key: str):
-            return await self.payments.refund(idempotency_key, **params)
+def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    """The tool results the model has seen so far, in order."""
+    return [
+        part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
 
-        return await run_action(
-            self.sessions,
-            self.store,
-            issue,
-            tenant=self.tenant,
-            key=self.refund_key(run_id, ticket),
-            action_type=ACTION_TYPE,
-            params=params,
-            timeout_s=self.timeout_s,
-            retry=self.retry,
-            reconciler=self.payments.reconcile,
-            lease_s=self.lease_s,
-            poll_backoff=self.poll_backoff,
-        )
+
+async def handle_ticket(
+    actions: Actions,
+    agent: Agent[None, str],
+    ticket: Ticket,
+    *,
+    model: Model | str | None = None,
+) -> AgentRunResult[str]:
+    """Run the agent on ``ticket`` under ``actions`` (tenant and run id); ``.output`` answers.
+
+    Safe to call again with the same run id after any failure or crash: the refund step
+    returns the stored refund instead of refunding again.
+    """
+    with actions:
+        return await agent.run(ticket.prompt(), model=model or scripted_model(ticket))

@@ -13,14 +13,7 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from outboxkit.actions import (
-    Absent,
-    ActionResult,
-    Found,
-    OperationRecord,
-    ReconcileOutcome,
-    Unclear,
-)
+from outboxkit.actions import Absent, Found, OperationRecord, ReconcileOutcome, Unclear
 from outboxkit.outbox import OutcomeUnknownError, PermanentError, TransientError
 
 TRANSIENT_STATUSES = {409, 429, 503}
@@ -38,14 +31,18 @@ class PaymentsClient:
 
     async def refund(
         self, idempotency_key: str, *, charge_id: str, amount_cents: int, currency: str
-    ) -> ActionResult:
-        """Create a refund; the operation key goes out as the ``Idempotency-Key``."""
+    ) -> dict[str, Any]:
+        """Create a refund and return the provider's record of it.
+
+        ``idempotency_key`` goes out as the ``Idempotency-Key`` header (a step passes
+        ``current_step().idempotency_key``: the operation key plus its generation).
+        """
         body = {"charge_id": charge_id, "amount_cents": amount_cents, "currency": currency}
         status, response = await asyncio.to_thread(
             self._call, "POST", "/refunds", body, {"Idempotency-Key": idempotency_key}
         )
         if status in (200, 201):
-            return ActionResult(value=response, external_ref=response["id"])
+            return dict(response)
         if status in TRANSIENT_STATUSES:
             raise TransientError(f"provider answered {status}")
         if 400 <= status < 500:
@@ -53,8 +50,9 @@ class PaymentsClient:
         raise OutcomeUnknownError(f"provider answered {status}; the refund may exist")
 
     async def reconcile(self, operation: OperationRecord) -> ReconcileOutcome:
-        """Look the refund up by its Idempotency-Key (a reconciler for ``run_action``)."""
-        path = f"/refunds?idempotency_key={quote(operation.key, safe='')}"
+        """Look the refund up by the Idempotency-Key its generation sent (a reconciler)."""
+        key = quote(operation.idempotency_key, safe="")
+        path = f"/refunds?idempotency_key={key}"
         status, response = await asyncio.to_thread(self._call, "GET", path, None, {})
         if status != 200:
             return Unclear(f"lookup answered {status}")

@@ -8,10 +8,9 @@ import threading
 from outboxkit.actions import ActionStore, DecisionKind, State
 from outboxkit.outbox.backoff import Backoff
 
-from examples.refund_agent.agent import RefundAgent, Ticket
-from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
-from tests.support.actions import audit_of, begin, event_types, in_tx, sessions_for
+from tests.support.actions import RefundSteps, audit_of, begin, event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
 
 T = "acme"
@@ -37,17 +36,11 @@ async def test_two_concurrent_requests_with_one_key_make_one_refund(pg_url: str)
                 return open_session
 
             agents = [
-                RefundAgent(
-                    counted(sessions),
-                    store,
-                    PaymentsClient(provider.url, account=T),
-                    tenant=T,
-                    poll_backoff=poll,
-                )
+                RefundSteps(counted(sessions), store, provider.url, tenant=T, poll_backoff=poll)
                 for sessions in (sessions_a, sessions_b)
             ]
-            key = agents[0].refund_key("run-1", ticket)
-            tasks = [asyncio.create_task(agent.handle("run-1", ticket)) for agent in agents]
+            key = agents[0].key(ticket)
+            tasks = [asyncio.create_task(refund(ticket)) for refund in agents]
             await wait_for(hold.reached.is_set, bool, 30, "one refund to reach the provider")
             # while the winner is held after the refund, the loser keeps polling
             await wait_for(lambda: begins, lambda n: n >= 4, 30, "the other request to poll")
@@ -65,7 +58,8 @@ async def test_two_concurrent_requests_with_one_key_make_one_refund(pg_url: str)
         assert provider.refund_count() == 1
         assert provider.in_flight_rejections == 0 and provider.replays == 0
     assert sorted(o.executed for o in outcomes) == [False, True]
-    assert outcomes[0].result == outcomes[1].result == provider.refunds()[0]
+    assert outcomes[0].value == outcomes[1].value
+    assert outcomes[0].value.id == provider.refunds()[0]["id"]
     assert event_types(pg_url, T, key) == ["requested", "started", "succeeded"]
 
 

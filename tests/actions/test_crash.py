@@ -1,9 +1,10 @@
 """A worker process killed between the side effect and the record update.
 
-The worker is the example agent run as its own process (``python -m examples.refund_agent
-refund``). The provider commits the refund and holds the reply; the test SIGKILLs the worker
-then, so the operation stays RUNNING until its lease expires, becomes UNKNOWN, and is
-reconciled from the provider's records: one refund, recorded as SUCCEEDED.
+The worker is the example's pydantic-ai agent run as its own process (``python -m
+examples.refund_agent refund``). The provider commits the refund and holds the reply; the test
+SIGKILLs the worker then, so the operation stays RUNNING until its lease expires (no more
+heartbeats), becomes UNKNOWN, and is reconciled from the provider's records: one refund,
+recorded as SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import sys
 
 from outboxkit.actions import ActionStore, State, reconcile_unknown
 
-from examples.refund_agent.agent import RefundAgent, Ticket
-from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support import REPO
-from tests.support.actions import event_types, in_tx, sessions_for
+from tests.support.actions import RefundSteps, event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
 
 T = "acme"
@@ -78,8 +78,8 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
         assert provider.refund_count() == 1
 
         async with sessions_for(db_url) as sessions:
-            agent = RefundAgent(sessions, store, PaymentsClient(provider.url, account=T), tenant=T)
-            key = agent.refund_key("run-7", ticket)
+            refund = RefundSteps(sessions, store, provider.url, tenant=T, run_id="run-7")
+            key = refund.key(ticket)
             crashed = await in_tx(sessions, lambda s: store.get(s, T, key))
             assert crashed.state is State.RUNNING  # nobody recorded the outcome
             assert f":{worker.pid}:" in crashed.lease_holder
@@ -93,11 +93,11 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
             )
             assert swept[0].state is State.UNKNOWN
 
-            [reconciled] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            [reconciled] = await reconcile_unknown(sessions, store, refund.payments.reconcile)
             assert reconciled.state is State.SUCCEEDED
             assert reconciled.result == provider.refunds()[0]
 
-            outcome = await agent.handle("run-7", ticket)  # the agent's retry after restart
-            assert not outcome.executed and outcome.result == reconciled.result
+            outcome = await refund(ticket)  # the agent's retry after restart
+            assert not outcome.executed and outcome.value.id == reconciled.result["id"]
         assert provider.refund_count() == 1 and provider.replays == 0
     assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]

@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 
 import pytest
-from outboxkit.actions import ActionOutcomeUnknownError, ActionStore
+from outboxkit.actions import (
+    ActionOutcomeUnknownError,
+    ActionReconciled,
+    ActionStore,
+    ActionUnknown,
+    State,
+)
+from outboxkit.consumers import ConsumerApp
 from outboxkit.outbox import Outbox
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from examples.refund_agent.agent import RefundAgent, Ticket
-from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
-from tests.support.actions import sessions_for
-from tests.support.kafka import read_topic
+from tests.support.actions import RefundSteps, sessions_for
+from tests.support.consumers import alive, running
+from tests.support.kafka import read_topic, wait_for
 
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
 
@@ -26,13 +34,12 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
     ticket = Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1999)
     with PaymentProvider() as provider:
         async with sessions_for(pg_url) as sessions:
-            payments = PaymentsClient(provider.url, account="acme")
-            agent = RefundAgent(sessions, store, payments, tenant="acme")
-            key = agent.refund_key("run-1", ticket)
+            refund = RefundSteps(sessions, store, provider.url)
+            key = refund.key(ticket)
             provider.inject(Fault.DROP_AFTER_COMMIT)
             with pytest.raises(ActionOutcomeUnknownError):
-                await agent.handle("run-1", ticket)
-            assert not (await agent.handle("run-1", ticket)).executed
+                await refund(ticket)
+            assert not (await refund(ticket)).executed
             assert (
                 await Relay(
                     db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
@@ -41,7 +48,7 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
             )
 
             for _ in range(2):  # retries after the fact write no second event
-                assert not (await agent.handle("run-1", ticket)).executed
+                assert not (await refund(ticket)).executed
             assert (
                 await Relay(
                     db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
@@ -63,3 +70,23 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
     assert all(h["ce_id"].startswith(f"acme/{key}/g1/a") for h in headers)
     last = json.loads(records[-1].value)
     assert (last["from"], last["to"], last["external_ref"]) == ("UNKNOWN", "SUCCEEDED", "re_000001")
+
+    # a consumer declares the event data model it handles
+    app = ConsumerApp(name="action-watch", retention_interval_s=None)
+    seen: list[ActionUnknown | ActionReconciled] = []
+
+    @app.handler("outboxkit.action.unknown", topic=topic)
+    async def on_unknown(event: ActionUnknown, session: AsyncSession) -> None:
+        seen.append(event)
+
+    @app.handler("outboxkit.action.reconciled", topic=topic)
+    async def on_reconciled(event: ActionReconciled, session: AsyncSession) -> None:
+        seen.append(event)
+
+    async with running(app, pg_url, kafka_bootstrap) as (_, task):
+        await wait_for(lambda: alive(task) or len(seen), lambda n: n == 2, 60, "two events")
+    unknown, reconciled = seen
+    assert isinstance(unknown, ActionUnknown) and unknown.external_ref is None
+    assert isinstance(reconciled, ActionReconciled) and reconciled.key == key
+    assert (reconciled.from_state, reconciled.to) == (State.UNKNOWN, State.SUCCEEDED)
+    assert reconciled.external_ref == "re_000001"

@@ -52,6 +52,21 @@ def test_parts_of_other_types_are_rejected(bad: object) -> None:
         operation_key("acme", "run-1", "step", "type", bad, 1)
 
 
+@pytest.mark.parametrize("index", range(5))
+def test_only_the_version_may_be_an_int(index: int) -> None:
+    parts = list(PARTS)
+    parts[index] = 42
+    with pytest.raises(InvalidActionInputError, match="must be a str, not int"):
+        operation_key(*parts)
+
+
+def test_an_int_version_is_the_same_version_as_its_text() -> None:
+    assert operation_key(*PARTS[:5], 1) == operation_key(*PARTS[:5], "1")
+    assert operation_key(*PARTS[:5], 1) != operation_key(*PARTS[:5], 2)
+    with pytest.raises(InvalidActionInputError, match="negative"):
+        operation_key(*PARTS[:5], -1)
+
+
 def test_tenant_with_a_slash_is_rejected() -> None:
     with pytest.raises(InvalidActionInputError, match="tenant"):
         operation_key("acme/eu", "run-1", "step", "type", "t", 1)

@@ -1,4 +1,5 @@
-"""run_action and the refund agent against a real HTTP payment provider, SQLite and PostgreSQL.
+"""run_action and the example's refund step against a real HTTP payment provider, on SQLite and
+PostgreSQL.
 
 Every test asserts the provider's own count of refunds and the events written to the outbox
 (rows of ``outbox_events``; ``test_actions_kafka.py`` follows them into Kafka).
@@ -24,10 +25,10 @@ from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.clock import db_now_ms
 from sqlalchemy import select
 
-from examples.refund_agent.agent import RefundAgent, Ticket
+from examples.refund_agent.agent import Refund, Ticket
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
-from tests.support.actions import event_types, in_tx, sessions_for
+from tests.support.actions import RefundSteps, event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
 
 T = "acme"
@@ -36,32 +37,33 @@ FAST = RetryPolicy(max_attempts=3, backoff=Backoff(base_s=0.01, cap_s=0.05))
 FAST_POLL = Backoff(base_s=0.01, cap_s=0.1, floor_s=0.01)
 
 
-def agent_for(sessions, store, provider, tenant: str = T, **kwargs) -> RefundAgent:
-    payments = PaymentsClient(provider.url, account=tenant, timeout_s=30)
-    return RefundAgent(
-        sessions, store, payments, tenant=tenant, retry=FAST, poll_backoff=FAST_POLL, **kwargs
-    )
+def refunds_for(sessions, store, provider, **options) -> RefundSteps:
+    return RefundSteps(sessions, store, provider.url, retry=FAST, poll_backoff=FAST_POLL, **options)
+
+
+def provider_refund(provider: PaymentProvider, index: int = 0) -> Refund:
+    return Refund.model_validate(provider.refunds()[index])
 
 
 async def test_lost_reply_after_the_refund_then_retry_makes_one_refund(db_url: str) -> None:
     store = ActionStore()
     with PaymentProvider() as provider:
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider)
-            key = agent.refund_key("run-1", TICKET)
+            refund = refunds_for(sessions, store, provider)
+            key = refund.key(TICKET)
             provider.inject(Fault.DROP_AFTER_COMMIT)
             with pytest.raises(ActionOutcomeUnknownError) as raised:
-                await agent.handle("run-1", TICKET)
+                await refund(TICKET)
             assert raised.value.record.state is State.UNKNOWN
             assert provider.refund_count() == 1
 
-            retried = await agent.handle("run-1", TICKET)  # the agent retries the step
+            retried = await refund(TICKET)  # the agent retries the step
             assert retried.operation.state is State.SUCCEEDED and not retried.executed
-            assert retried.result == provider.refunds()[0]
-            assert retried.external_ref == "re_000001"
+            assert retried.value == provider_refund(provider)
+            assert retried.operation.external_ref == "re_000001"
 
-            again = await agent.handle("run-1", TICKET)
-            assert again.result == retried.result and not again.executed
+            again = await refund(TICKET)
+            assert again.value == retried.value and not again.executed
         assert provider.refund_count() == 1 and provider.replays == 0
     assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]
 
@@ -84,7 +86,7 @@ async def test_without_a_reconciler_an_unknown_outcome_is_never_retried(db_url: 
                     await run_action(sessions, store, refund, timeout_s=10, retry=FAST, **request)
                 # the ledger's error is the kernel's "outcome unknown" too: one except covers both
                 assert isinstance(raised.value, OutcomeUnknownError)
-        assert calls == ["k-1"] and provider.refund_count() == 1
+        assert calls == ["k-1:g1"] and provider.refund_count() == 1
     assert event_types(db_url, T, "k-1") == ["requested", "started", "unknown"]
 
 
@@ -93,22 +95,22 @@ async def test_timeout_is_unknown_unclear_while_in_flight_then_reconciled(db_url
     with PaymentProvider() as provider:
         hold = provider.inject(Fault.HOLD_BEFORE_COMMIT)
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider, timeout_s=0.5)
-            key = agent.refund_key("run-1", TICKET)
+            refund = refunds_for(sessions, store, provider, timeout_s=0.5)
+            key = refund.key(TICKET)
             with pytest.raises(ActionOutcomeUnknownError):
-                await agent.handle("run-1", TICKET)
+                await refund(TICKET)
             assert hold.reached.is_set()
 
             # the request is still in flight at the provider: the reconciler cannot tell
-            [flagged] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            [flagged] = await reconcile_unknown(sessions, store, refund.payments.reconcile)
             assert flagged.state is State.UNKNOWN and flagged.needs_attention
 
             hold.release()
             await wait_for(provider.refund_count, lambda n: n == 1, 10, "the held refund")
-            [done] = await reconcile_unknown(sessions, store, agent.payments.reconcile)
+            [done] = await reconcile_unknown(sessions, store, refund.payments.reconcile)
             assert done.state is State.SUCCEEDED and not done.needs_attention
             assert done.result == provider.refunds()[0]
-            assert (await agent.handle("run-1", TICKET)).result == done.result
+            assert (await refund(TICKET)).value == provider_refund(provider)
         assert provider.refund_count() == 1
     assert event_types(db_url, T, key) == [
         "requested",
@@ -123,16 +125,15 @@ async def test_restart_resumes_an_unknown_operation_proven_absent(db_url: str) -
     with PaymentProvider() as provider:
         provider.inject(Fault.DROP_BEFORE_COMMIT)  # connection lost, nothing committed
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, ActionStore(), provider)
-            key = agent.refund_key("run-1", TICKET)
+            refund = refunds_for(sessions, ActionStore(), provider)
+            key = refund.key(TICKET)
             with pytest.raises(ActionOutcomeUnknownError):
-                await agent.handle("run-1", TICKET)
+                await refund(TICKET)
         assert provider.refund_count() == 0
 
         # a restarted agent: new engine, new store, same workflow run and step
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, ActionStore(), provider)
-            resumed = await agent.handle("run-1", TICKET)
+            resumed = await refunds_for(sessions, ActionStore(), provider)(TICKET)
         assert resumed.executed and resumed.operation.attempts == 2
         assert provider.refund_count() == 1
     assert event_types(db_url, T, key) == [
@@ -149,24 +150,26 @@ async def test_same_key_with_other_parameters_is_refused_before_any_call(db_url:
     store = ActionStore()
     with PaymentProvider() as provider:
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider)
-            key = agent.refund_key("run-1", TICKET)
-            await agent.handle("run-1", TICKET)
+            refund = refunds_for(sessions, store, provider)
+            key = refund.key(TICKET)
+            await refund(TICKET)
 
-            async def refund(idempotency_key: str):
+            async def call(idempotency_key: str):
                 raise AssertionError("must not be called")
 
             with pytest.raises(OperationConflictError):
                 await run_action(
                     sessions,
                     store,
-                    refund,
+                    call,
                     tenant=T,
                     key=key,
                     action_type="payments.refund",
                     params={"charge_id": "ch_1", "amount_cents": 1, "currency": "EUR"},
                     timeout_s=5,
                 )
+            with pytest.raises(OperationConflictError):  # the step: same charge, other amount
+                await refund(Ticket(ticket_id="T-1", charge_id="ch_1", amount_cents=1))
         assert provider.refund_count() == 1
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]
 
@@ -303,11 +306,11 @@ async def test_wrong_manual_retry_is_absorbed_by_the_providers_idempotency(db_ur
     store = ActionStore()
     with PaymentProvider() as provider:
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider)
-            key = agent.refund_key("run-1", TICKET)
+            refund = refunds_for(sessions, store, provider)
+            key = refund.key(TICKET)
             provider.inject(Fault.DROP_AFTER_COMMIT)
             with pytest.raises(ActionOutcomeUnknownError):
-                await agent.handle("run-1", TICKET)
+                await refund(TICKET)
             await in_tx(
                 sessions,
                 lambda s: store.resolve(
@@ -319,8 +322,8 @@ async def test_wrong_manual_retry_is_absorbed_by_the_providers_idempotency(db_ur
                     reason="assumed it failed",
                 ),
             )
-            again = await agent.handle("run-1", TICKET)  # executes: same Idempotency-Key
-        assert again.executed and again.result == provider.refunds()[0]
+            again = await refund(TICKET)  # executes: same Idempotency-Key
+        assert again.executed and again.value == provider_refund(provider)
         assert provider.refund_count() == 1 and provider.replays == 1
     assert event_types(db_url, T, key)[-3:] == ["reconciled", "started", "succeeded"]
 
@@ -329,9 +332,9 @@ async def test_after_expiry_the_same_key_runs_again_as_a_new_operation(db_url: s
     store = ActionStore(ttl_s=0.001)
     with PaymentProvider() as provider:
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider)
-            key = agent.refund_key("run-1", TICKET)
-            first = await agent.handle("run-1", TICKET)
+            refund = refunds_for(sessions, store, provider)
+            key = refund.key(TICKET)
+            first = await refund(TICKET)
 
             async def db_now() -> int:
                 async with sessions() as session:
@@ -339,10 +342,13 @@ async def test_after_expiry_the_same_key_runs_again_as_a_new_operation(db_url: s
                     return await session.scalar(select(db_now_ms(dialect)))
 
             await wait_for(db_now, lambda now: now > first.operation.expires_ms, 10, "expiry")
-            second = await agent.handle("run-1", TICKET)
+            second = await refund(TICKET)
         assert second.executed and second.operation.generation == 2
-        # the provider still remembers the Idempotency-Key: a replay, not a second refund
-        assert provider.refund_count() == 1 and provider.replays == 1
+        # a new generation is a new action: a new Idempotency-Key, a new refund, no replay
+        assert provider.refund_count() == 2 and provider.replays == 0
+        keys = [refund["idempotency_key"] for refund in provider.refunds()]
+        assert keys == [f"{key}:g1", f"{key}:g2"]
+        assert second.value == provider_refund(provider, 1) != first.value
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"] * 2
 
 
@@ -351,9 +357,9 @@ async def test_a_cancelled_call_is_recorded_as_unknown(db_url: str) -> None:
     with PaymentProvider() as provider:
         hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
         async with sessions_for(db_url) as sessions:
-            agent = agent_for(sessions, store, provider)
-            key = agent.refund_key("run-1", TICKET)
-            task = asyncio.create_task(agent.handle("run-1", TICKET))
+            refund = refunds_for(sessions, store, provider)
+            key = refund.key(TICKET)
+            task = asyncio.create_task(refund(TICKET))
             await wait_for(hold.reached.is_set, bool, 10, "the refund to be committed")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from outboxkit.actions import (
     Absent,
+    ActionRequested,
+    ActionStarted,
     ActionStore,
+    ActionSucceeded,
     DecisionKind,
     Found,
     IllegalTransitionError,
@@ -17,6 +20,7 @@ from outboxkit.actions import (
     Unclear,
 )
 from outboxkit.actions.cleanup import purge_audit, purge_expired
+from outboxkit.actions.events import EVENT_MODELS
 from outboxkit.outbox.clock import db_now_ms
 from sqlalchemy import select
 
@@ -91,6 +95,12 @@ async def test_new_key_is_claimed_once_and_a_retry_gets_the_stored_result(db_url
     ]
     assert {e.key for e in events} == {b"op-1"}  # partitionkey = operation key
     assert all("result" not in e.data for e in events)
+    # every key is always there (the schema holds steady), and each event parses as its model
+    assert [e.data["external_ref"] for e in events] == [None, None, "re_1"]
+    parsed = [EVENT_MODELS[e.type].model_validate(e.data) for e in events]
+    assert [type(p) for p in parsed] == [ActionRequested, ActionStarted, ActionSucceeded]
+    assert parsed[2].from_state is State.RUNNING and parsed[2].external_ref == "re_1"
+    assert parsed[0].model_dump(mode="json", by_alias=True) == events[0].data
 
 
 async def test_a_rolled_back_begin_leaves_neither_record_nor_event(db_url: str) -> None:

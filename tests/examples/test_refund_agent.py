@@ -1,4 +1,8 @@
-"""The example's payment provider honours Idempotency-Key over real HTTP; the demo runs."""
+"""The refund agent (pydantic-ai, scripted model, offline) against the loopback provider.
+
+The provider honours Idempotency-Key over real HTTP; the agent's refund tool is a step, so a
+crashed run started again and a model repeating its tool call both end in one refund.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,32 @@ import asyncio
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from outboxkit.actions import Actions, ActionStore, State
+from pydantic_ai.messages import ToolCallPart
+
+from examples.refund_agent.agent import (
+    Refund,
+    Ticket,
+    build_agent,
+    handle_ticket,
+    refund_step,
+    scripted_model,
+    tool_returns,
+)
+from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support import REPO
+from tests.support.actions import event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
+
+T = "acme"
+TICKET = Ticket(ticket_id="T-7", charge_id="ch_7", amount_cents=1999)
 
 BODY = {"charge_id": "ch_1", "amount_cents": 500, "currency": "EUR"}
 
@@ -94,3 +116,85 @@ async def test_the_demo_ends_with_one_refund(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "provider refunds: 1" in result.stdout
     assert "outboxkit.action.reconciled" in result.stdout
+
+
+def start_worker(db_url: str, provider_url: str, run_id: str) -> subprocess.Popen[bytes]:
+    """The agent on TICKET in its own process, with a short lease (heartbeats extend it)."""
+    command = [sys.executable, "-m", "examples.refund_agent", "--db-url", db_url, "refund"]
+    command += ["--provider-url", provider_url, "--tenant", T, "--run-id", run_id]
+    command += ["--charge-id", TICKET.charge_id, "--amount", str(TICKET.amount_cents)]
+    command += ["--timeout", "60", "--lease", "1.5"]
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+async def test_a_run_killed_after_the_refund_starts_again_and_gets_the_stored_refund(
+    db_url: str,
+) -> None:
+    """The scripted model calls the refund tool; the provider refunds; the process dies before
+    the outcome is recorded. The run starts again with the same run id: its tool call waits
+    out the dead worker's lease, the reconciler finds the refund, and the agent gets it."""
+    with PaymentProvider() as provider:
+        hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
+        worker = start_worker(db_url, provider.url, "run-crash")
+        try:
+            await wait_for(
+                lambda: hold.reached.is_set() or worker.poll() is not None,
+                bool,
+                60,
+                "the agent's refund to be committed at the provider",
+            )
+            assert worker.poll() is None, worker.stdout.read().decode()
+            worker.send_signal(signal.SIGKILL)
+            assert worker.wait(30) == -signal.SIGKILL
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(30)
+            worker.stdout.close()
+            hold.release()
+        assert provider.refund_count() == 1
+
+        async with sessions_for(db_url) as sessions:
+            refund = refund_step(PaymentsClient(provider.url, account=T))
+            actions = Actions(sessions, tenant=T, run_id="run-crash")
+            with actions:
+                key = refund.key(TICKET.charge_id, TICKET.amount_cents, TICKET.currency)
+            crashed = await in_tx(sessions, lambda s: ActionStore().get(s, T, key))
+            assert crashed.state is State.RUNNING  # nobody recorded the outcome
+
+            result = await handle_ticket(actions, build_agent(refund), TICKET)  # started again
+        stored = Refund.model_validate(provider.refunds()[0])
+        [returned] = tool_returns(result.all_messages())
+        assert returned.content == stored  # the tool gave the model the stored refund
+        assert result.output == f"Refunded as {stored.id}."
+        assert provider.refund_count() == 1 and provider.replays == 0
+    assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]
+
+
+async def test_a_model_repeating_its_tool_call_gets_the_stored_refund(db_url: str) -> None:
+    with PaymentProvider() as provider:
+        async with sessions_for(db_url) as sessions:
+            refund = refund_step(PaymentsClient(provider.url, account=T))
+            actions = Actions(sessions, tenant=T, run_id="run-twice")
+            result = await handle_ticket(
+                actions, build_agent(refund), TICKET, model=scripted_model(TICKET, calls=2)
+            )
+            with actions:
+                key = refund.key(TICKET.charge_id, TICKET.amount_cents, TICKET.currency)
+        calls = [
+            part
+            for message in result.all_messages()
+            for part in getattr(message, "parts", [])
+            if isinstance(part, ToolCallPart)
+        ]
+        first, second = tool_returns(result.all_messages())
+        assert len(calls) == 2 and first.content == second.content
+        assert first.content == Refund.model_validate(provider.refunds()[0])
+        assert provider.refund_count() == 1 and provider.replays == 0
+    assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from outboxkit.outbox.db import PgTls, async_url, pg_tls, sync_url
 from outboxkit.outbox.errors import InvalidDatabaseUrlError
-from outboxkit.relay.notify import listen_dsn
+from outboxkit.outbox.notify import listen_dsn
 from outboxkit.testing.certificates import issue_certificate, make_ca
 from sqlalchemy.engine import make_url
 

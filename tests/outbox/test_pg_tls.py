@@ -14,7 +14,7 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 from outboxkit.outbox.db import asyncpg_connect_args, make_async_engine, make_engine
-from outboxkit.relay.notify import listen_dsn
+from outboxkit.outbox.notify import listen_dsn
 from outboxkit.testing.postgres import TlsCluster
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError

@@ -261,7 +261,7 @@ def test_a_relay_takes_exactly_one_of_engine_or_db_url() -> None:
 
 
 def test_listen_connection_reads_tls_from_the_url_the_way_asyncpg_does() -> None:
-    from outboxkit.relay.notify import listen_dsn
+    from outboxkit.outbox.notify import listen_dsn
 
     # The relay's own engine adds ssl=disable for loopback (asyncpg dialect spelling); asyncpg's
     # DSN spells it sslmode, and would send "ssl" to the server as a setting, which fails.

@@ -7,12 +7,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from outboxkit.actions import ActionStore
+from outboxkit.actions import Actions, ActionStore, StepOutcome
 from outboxkit.actions.tables import agent_operation_audit, agent_operations
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from examples.refund_agent.agent import Refund, Ticket, refund_step
+from examples.refund_agent.payments import PaymentsClient
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,25 @@ def count_operations(url: str) -> int:
             return conn.scalar(select(func.count()).select_from(agent_operations))
     finally:
         engine.dispose()
+
+
+class RefundSteps:
+    """The example's refund step under one agent run, called the way the tests need it."""
+
+    def __init__(self, sessions, store: ActionStore, provider_url: str, **options) -> None:
+        tenant = options.pop("tenant", "acme")
+        self.payments = PaymentsClient(provider_url, account=tenant, timeout_s=30)
+        self.step = refund_step(self.payments)
+        self.actions = Actions(
+            sessions, store=store, tenant=tenant, run_id=options.pop("run_id", "run-1"), **options
+        )
+
+    def key(self, ticket: Ticket) -> str:
+        """The operation key of ``ticket``'s refund in this run."""
+        with self.actions:
+            return self.step.key(ticket.charge_id, ticket.amount_cents, ticket.currency)
+
+    async def __call__(self, ticket: Ticket) -> StepOutcome[Refund]:
+        """Refund ``ticket`` (or return the stored refund), with the operation."""
+        with self.actions:
+            return await self.step.outcome(ticket.charge_id, ticket.amount_cents, ticket.currency)

@@ -1,0 +1,69 @@
+"""PostgreSQL LISTEN on a dedicated asyncpg connection, shared by the relay and agent actions.
+
+Notifications are delivered at commit, so a listener learns of a change as soon as it is
+visible. A listener is an optimisation: whoever uses one polls as well, since a notification can
+be lost with the connection (or never sent, on SQLite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+from outboxkit.outbox.db import TLS_PARAMETERS, asyncpg_connect_args, pg_tls
+from sqlalchemy.engine import URL, make_url
+
+LISTEN_ERRORS: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, TimeoutError)
+"""What connecting and listening may raise when the server cannot be reached or refuses."""
+
+
+@asynccontextmanager
+async def listening(
+    db_url: str | URL,
+    channel: str,
+    on_notify: Callable[[str], None],
+    *,
+    connect_timeout_s: float = 10.0,
+) -> AsyncIterator[asyncio.Event]:
+    """LISTEN on ``channel``; call ``on_notify(payload)`` for every notification meanwhile.
+
+    Yields an event that is set if the connection is lost (no more notifications then). Raises
+    one of :data:`LISTEN_ERRORS` if the connection cannot be made.
+    """
+    connection = await asyncpg.connect(
+        listen_dsn(db_url), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
+    )
+    try:
+        lost = asyncio.Event()
+        connection.add_termination_listener(lambda _connection: lost.set())
+
+        def deliver(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
+            on_notify(payload)
+
+        await connection.add_listener(channel, deliver)
+        yield lost
+    finally:
+        await asyncio.shield(_close(connection))
+
+
+def listen_dsn(db_url: str | URL) -> str:
+    """A libpq-style DSN for asyncpg from a SQLAlchemy URL of any PostgreSQL driver.
+
+    TLS is spelled as :func:`outboxkit.outbox.db.pg_tls` reads it (``ssl=`` becomes
+    ``sslmode``, loopback gets ``disable``); :func:`listening` also passes asyncpg the engines'
+    ``ssl=`` (:func:`~outboxkit.outbox.db.asyncpg_connect_args`), which wins.
+    """
+    url = make_url(db_url).set(drivername="postgresql")
+    query = pg_tls(url).libpq_query()
+    url = url.difference_update_query(TLS_PARAMETERS).update_query_dict(query)
+    return url.render_as_string(hide_password=False)
+
+
+async def _close(connection: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(connection.close(), 5)
+    except LISTEN_ERRORS:
+        connection.terminate()
