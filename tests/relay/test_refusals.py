@@ -16,6 +16,7 @@ from outboxkit.outbox import new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.errors import OutboxError
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import NotMigratedError, Relay, RelayOptions
 from outboxkit.testing.postgres import throwaway_database
@@ -78,7 +79,9 @@ async def test_a_batch_refused_as_too_large_costs_an_attempt_only_to_the_row_too
     events.insert(15, new_event("a", "/s", {"blob": "y" * 30_000}, partitionkey="big"))
     write_events(db_url, topic, events)
 
-    await Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=STRICT).drain(timeout_s=60)
+    await Relay(
+        db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=STRICT
+    ).drain(timeout_s=60)
 
     published, parked = rows_by_state(db_url)
     assert [(key, attempts) for key, attempts, _ in parked] == [(b"big", 1)]
@@ -101,7 +104,9 @@ async def test_rows_before_a_failed_row_of_their_key_are_no_inversion(
     options = replace(STRICT, max_request_size=4096)
 
     with caplog.at_level(logging.WARNING, logger="outboxkit.relay"):
-        await Relay(db_url=sqlite_url, bootstrap=kafka_bootstrap, options=options).drain(60)
+        await Relay(
+            db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
+        ).drain(60)
 
     assert table_counts(sqlite_url) == {"published": 4, "parked": 1, "total": 5}
     records = await read_topic(kafka_bootstrap, topic, expected=4)
@@ -125,7 +130,9 @@ def unmigrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> object:
 async def test_a_relay_on_an_unmigrated_database_fails_at_once_saying_so(
     unmigrated_url: str, kafka_bootstrap: str
 ) -> None:
-    relay = Relay(db_url=unmigrated_url, bootstrap=kafka_bootstrap, options=STRICT)
+    relay = Relay(
+        db_url=unmigrated_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=STRICT
+    )
     with pytest.raises(NotMigratedError, match=MISSING) as raised:
         await asyncio.wait_for(relay.run(), 20)
     assert isinstance(raised.value, OutboxError)
