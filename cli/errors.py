@@ -8,6 +8,7 @@ Every command shares one table of exit codes (docs/operations.md):
 | 1 | a threshold was crossed (``status``) |
 | 2 | a usage error, or an operational error an operator can fix (unreachable, refused) |
 | 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
+| 4 | ``consume``: stopped with work still running (handlers past the stop deadline) |
 | 130 | interrupted (Ctrl-C) |
 
 Anything else is a bug and ends with Python's traceback (exit 1 from the interpreter would be
@@ -25,6 +26,7 @@ EXIT_OK = 0
 EXIT_THRESHOLD = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_STOPPED_STUCK = 4
 EXIT_BUG = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130
 
