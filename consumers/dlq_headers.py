@@ -42,11 +42,12 @@ ALL = (
     ATTEMPTS,
     FIRST_FAILURE_MS,
     LAST_FAILURE_MS,
-    TRUNCATED,
-    ORIGINAL_SIZE,
 )
+"""The facts every dead letter carries."""
+TRUNCATION = (TRUNCATED, ORIGINAL_SIZE)
+"""The facts of a dead letter cut down to be accepted (only on those)."""
 
-_OURS = frozenset(ALL)
+_OURS = frozenset(ALL + TRUNCATION)
 Header = tuple[str, bytes | None]
 
 
