@@ -159,8 +159,8 @@ class ConsumerApp:
     ``group``: the Kafka consumer group (default: ``name``).
     ``dlq_topic``: dead-letter topic pattern; ``{topic}`` is the record's topic.
     ``unhandled``: what to do with an event no handler takes: ``"skip"`` or ``"dead-letter"``.
-    ``retry``: backoff and bounds for failed attempts of a record; keep its ``max_elapsed_s``
-    well below aiokafka's ``max_poll_interval_ms`` (300 s), or Kafka takes the partitions away.
+    ``retry``: backoff and bounds for failed attempts of a record (only its partition waits:
+    the others go on, and the fetch loop keeps polling).
     ``dlq_retry``: the backoff while the dead-letter topic is unreachable (its bounds are
     ignored: nothing is committed until the letters are delivered); ``dlq_timeout_s``: how
     long one delivery may take before it counts as failed.
