@@ -1,15 +1,26 @@
-"""``outboxkit consume MODULE:APP``: run a consumer app until SIGTERM."""
+"""``outboxkit consume MODULE:APP``: run a consumer app until SIGTERM.
+
+SIGTERM and SIGINT are handled before anything else: a signal while the app is imported or the
+runtime connects stops it cleanly (exit 0). When handlers are still running at the stop
+deadline (``--stop-timeout``), the command logs them and exits with code 4 at once, without
+waiting for threads that cannot be stopped; a watchdog thread does the same a little later if
+the event loop itself is blocked (a sync handler holding it).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import typer
-from outboxkit.cli.errors import CliError
+from outboxkit.cli import signals as early_signals
+from outboxkit.cli.errors import EXIT_OK, EXIT_STOPPED_STUCK, CliError
 from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
@@ -23,13 +34,18 @@ from outboxkit.cli.options import (
     settings_from,
 )
 from outboxkit.consumers.app import ConsumerApp
+from outboxkit.consumers.errors import StopTimeoutError
 from outboxkit.consumers.metrics import RuntimeCollector
-from outboxkit.consumers.runtime import ConsumerRuntime, serve
+from outboxkit.consumers.runtime import DEFAULT_STOP_TIMEOUT_S, ConsumerRuntime, serve
+from outboxkit.consumers.signals import StopSignals
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from prometheus_client import REGISTRY
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+WATCHDOG_GRACE_S = 15.0  # past the stop deadline, for the runtime's own handling to finish
+
+log = logging.getLogger("outboxkit.consumer")
 
 
 def load_app(target: str) -> ConsumerApp:
@@ -49,7 +65,7 @@ def load_app(target: str) -> ConsumerApp:
             raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
         found = getattr(found, part)
     if not isinstance(found, ConsumerApp):
-        raise CliError(f"{target} is a {type(found).__name__}, not a consumers.ConsumerApp")
+        raise CliError(f"{target} is a {type(found).__name__}, not an outboxkit ConsumerApp")
     if not found.handlers:
         raise CliError(f"{target} has no handlers")
     return found
@@ -82,8 +98,17 @@ def consume(
     metrics_address: str = typer.Option(
         DEFAULT_ADDRESS, "--metrics-address", help="Address to serve them on (0.0.0.0: all)."
     ),
+    stop_timeout: float = typer.Option(
+        DEFAULT_STOP_TIMEOUT_S,
+        "--stop-timeout",
+        min=0.1,
+        help="Seconds SIGTERM waits for running handlers; then exit 4 naming them.",
+    ),
 ) -> int:
     """Consume events with MODULE:APP's handlers; SIGTERM drains and exits 0."""
+    signals = StopSignals().install()  # first: a signal while starting up is a clean stop
+    if early_signals.requested():  # main() held one since the process began
+        signals.event.set()
     level = log_level.upper()
     if level not in LOG_LEVELS:
         raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
@@ -103,9 +128,55 @@ def consume(
         ssl_keyfile,
     )
     configure_logging(level)
-    runtime = ConsumerRuntime(consumer_app, kafka=kafka, db_url=settings.db_url, group=group)
+    runtime = ConsumerRuntime(
+        consumer_app,
+        kafka=kafka,
+        db_url=settings.db_url,
+        group=group,
+        stop_timeout_s=stop_timeout,
+    )
     if metrics_port is not None:
         REGISTRY.register(RuntimeCollector(runtime))
         serve_metrics(metrics_port, metrics_address, runtime.readiness)
-    asyncio.run(serve(runtime))
-    return 0
+    _start_watchdog(runtime, signals, stop_timeout + WATCHDOG_GRACE_S)
+    return asyncio.run(_serve(runtime, signals))
+
+
+async def _serve(runtime: ConsumerRuntime, signals: StopSignals) -> int:
+    try:
+        await serve(runtime, signals)
+    except StopTimeoutError:
+        # Handlers were cancelled, but one running in a thread cannot be: leaving asyncio.run
+        # would wait for it forever. The runtime has logged what was stuck and closed.
+        _exit_now(EXIT_STOPPED_STUCK)
+    return EXIT_OK
+
+
+def _start_watchdog(runtime: ConsumerRuntime, signals: StopSignals, after_s: float) -> None:
+    """Exit with code 4 if the process is still there ``after_s`` seconds after a stop signal.
+
+    For an event loop blocked by a handler (a sync handler with a ``Session`` runs on it),
+    where the runtime's own stop deadline cannot fire.
+    """
+
+    def watch() -> None:
+        signals.event.wait()
+        time.sleep(after_s)  # a daemon thread: it ends with the process if that exits first
+        calls = runtime.in_flight()
+        for call in calls:
+            log.error("stop deadline passed: %s", call.describe())
+        log.error(
+            "still running %g s after the stop signal (%d handler call(s)); exiting",
+            after_s,
+            len(calls),
+        )
+        _exit_now(EXIT_STOPPED_STUCK)
+
+    threading.Thread(target=watch, name="outboxkit-stop-watchdog", daemon=True).start()
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

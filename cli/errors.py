@@ -9,6 +9,7 @@ Every command shares one table of exit codes (docs/operations.md#exit-codes):
 | 2 | a usage error, or an operational error an operator can fix (unreachable, refused, a bad
   database URL, tables not migrated) |
 | 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
+| 4 | ``consume``: stopped with work still running (handlers past the stop deadline) |
 | 70 | a bug: an unexpected exception, printed with its traceback (EX_SOFTWARE) |
 | 130 | interrupted (Ctrl-C) during a command that ends on its own |
 
@@ -29,6 +30,7 @@ EXIT_OK = 0
 EXIT_THRESHOLD = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_STOPPED_STUCK = 4
 EXIT_BUG = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # Commands that run until stopped: they take over SIGTERM and SIGINT themselves (a stop is a
 # clean exit 0). Every other command keeps the default handlers.
-LONG_RUNNING = frozenset({"relay", "dev"})
+LONG_RUNNING = frozenset({"relay", "consume", "dev"})
 
 
 def build_app() -> typer.Typer:

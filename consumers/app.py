@@ -19,11 +19,18 @@ written many at a time.
 Async handlers run on the event loop. A sync handler that takes a ``Session`` runs through
 ``AsyncSession.run_sync`` (on the loop, so keep it short); one that takes no session runs in a
 worker thread.
+
+A call that runs longer than its timeout (``handler_timeout_s``, or the handler's ``timeout_s``)
+is cancelled and retried as a transient failure. Only an async handler really stops there: a
+thread cannot be cancelled, so a sync handler's call goes on in its thread (its result is
+ignored) while the record is retried, and one that takes a ``Session`` blocks the event loop,
+so no timeout can fire until it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import re
@@ -72,6 +79,8 @@ class Handler:
     params: tuple[_Param, ...]
     is_async: bool
     batch: bool = False
+    timeout_s: float | None = None
+    """How long one call may run; ``None``: the app's ``handler_timeout_s``."""
 
     @property
     def name(self) -> str:
@@ -150,8 +159,8 @@ class ConsumerApp:
     ``group``: the Kafka consumer group (default: ``name``).
     ``dlq_topic``: dead-letter topic pattern; ``{topic}`` is the record's topic.
     ``unhandled``: what to do with an event no handler takes: ``"skip"`` or ``"dead-letter"``.
-    ``retry``: backoff and bounds for failed attempts of a record; keep its ``max_elapsed_s``
-    well below aiokafka's ``max_poll_interval_ms`` (300 s), or Kafka takes the partitions away.
+    ``retry``: backoff and bounds for failed attempts of a record (only its partition waits:
+    the others go on, and the fetch loop keeps polling).
     ``dlq_retry``: the backoff while the dead-letter topic is unreachable (its bounds are
     ignored: nothing is committed until the letters are delivered); ``dlq_timeout_s``: how
     long one delivery may take before it counts as failed.
@@ -159,6 +168,9 @@ class ConsumerApp:
     runtime removes older ones (``None`` disables the periodic task).
     ``max_batch``: records fetched at once; one partition's records of a batch share a
     transaction.
+    ``handler_timeout_s``: how long one handler call may run (a handler's own ``timeout_s``
+    wins); a call that runs longer is cancelled and counts as a transient failure
+    (:class:`~outboxkit.consumers.errors.HandlerTimeoutError`): retried, then dead-lettered.
     ``consumer_options`` / ``producer_options``: passed to aiokafka's consumer and to the
     dead-letter producer (security settings, timeouts).
     """
@@ -177,6 +189,7 @@ class ConsumerApp:
     inbox_retention_s: float = DEFAULT_RETENTION_S
     retention_interval_s: float | None = 3600.0
     max_batch: int = 500
+    handler_timeout_s: float = 300.0
     consumer_options: dict[str, Any] = field(default_factory=dict)
     producer_options: dict[str, Any] = field(default_factory=dict)
     handlers: dict[tuple[str, str], Handler] = field(default_factory=dict, init=False)
@@ -190,6 +203,8 @@ class ConsumerApp:
             raise ValueError("max_batch must be at least 1")
         if self.dlq_timeout_s <= 0 or self.inbox_retention_s < 0:
             raise ValueError("dlq_timeout_s must be positive and inbox_retention_s not negative")
+        if self.handler_timeout_s <= 0:
+            raise ValueError("handler_timeout_s must be positive")
         if self.retention_interval_s is not None and self.retention_interval_s <= 0:
             raise ValueError("retention_interval_s must be positive (or None)")
         if "{topic}" not in self.dlq_topic and not _TOPIC_NAME.match(self.dlq_topic):
@@ -205,11 +220,18 @@ class ConsumerApp:
         """The topics the handlers subscribe to."""
         return sorted({topic for topic, _ in self.handlers})
 
-    def handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
-        """Register the decorated function for events of ``type`` on ``topic``."""
-        return self._register(type, topic, batch=False)
+    def handler(
+        self, type: str, *, topic: str, timeout_s: float | None = None
+    ) -> Callable[[HandlerFunc], HandlerFunc]:
+        """Register the decorated function for events of ``type`` on ``topic``.
 
-    def batch_handler(self, type: str, *, topic: str) -> Callable[[HandlerFunc], HandlerFunc]:
+        ``timeout_s`` bounds one call of it (default: the app's ``handler_timeout_s``).
+        """
+        return self._register(type, topic, batch=False, timeout_s=timeout_s)
+
+    def batch_handler(
+        self, type: str, *, topic: str, timeout_s: float | None = None
+    ) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated async function for *batches* of events of ``type``.
 
         It takes ``list[Model]``, ``list[CloudEvent]`` and/or ``list[KafkaRecord]`` (the same
@@ -217,21 +239,25 @@ class ConsumerApp:
         new events of one partition in one transaction, so it can write all their effects in
         one statement. If it raises, none of the batch took effect and each event of it is
         handled again on its own (a batch of one), so retries and dead letters stay per event.
+        ``timeout_s`` bounds one call (default: the app's ``handler_timeout_s``).
         """
-        return self._register(type, topic, batch=True)
+        return self._register(type, topic, batch=True, timeout_s=timeout_s)
 
     def _register(
-        self, type: str, topic: str, *, batch: bool
+        self, type: str, topic: str, *, batch: bool, timeout_s: float | None
     ) -> Callable[[HandlerFunc], HandlerFunc]:
         if not type:
             raise ValueError("event type must be a non-empty string")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("timeout_s must be positive (or None for the app's default)")
         if not _TOPIC_NAME.match(topic):
             raise ValueError(f"invalid Kafka topic name {topic!r}")
 
         def register(func: HandlerFunc) -> HandlerFunc:
             if (topic, type) in self.handlers:
                 raise ValueError(f"a handler for {type!r} on {topic!r} is already registered")
-            self.handlers[(topic, type)] = _describe(topic, type, func, batch)
+            handler = _describe(topic, type, func, batch)
+            self.handlers[(topic, type)] = dataclasses.replace(handler, timeout_s=timeout_s)
             return func
 
         return register
@@ -239,6 +265,10 @@ class ConsumerApp:
     def handler_for(self, topic: str, type: str) -> Handler | None:
         """The handler of ``type`` on ``topic``, if any."""
         return self.handlers.get((topic, type))
+
+    def timeout_for(self, handler: Handler) -> float:
+        """How long one call of ``handler`` may run, in seconds."""
+        return self.handler_timeout_s if handler.timeout_s is None else handler.timeout_s
 
 
 def _describe(topic: str, type: str, func: HandlerFunc, batch: bool) -> Handler:

@@ -13,6 +13,7 @@ of a chunk only after its database commit and after its dead letters are acknowl
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -25,7 +26,14 @@ from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers.app import ConsumerApp, Handler
 from outboxkit.consumers.decoding import decode_record
 from outboxkit.consumers.dlq import DeadLetter, dead_letter_for
-from outboxkit.consumers.errors import Category, NoHandlerError, classify, error_class
+from outboxkit.consumers.errors import (
+    Category,
+    HandlerTimeoutError,
+    NoHandlerError,
+    classify,
+    error_class,
+)
+from outboxkit.consumers.in_flight import InFlight
 from outboxkit.consumers.inbox import claim, claim_many
 from outboxkit.consumers.metrics import ConsumerStats
 from outboxkit.consumers.tracing import HandlerTelemetry, Transaction
@@ -143,6 +151,7 @@ class Applier:
         self._telemetry = telemetry
         self._stats = stats
         self._on_db_commit = on_db_commit
+        self.in_flight = InFlight()
 
     def steps(self, records: Sequence[ConsumerRecord]) -> list[_Step]:
         """Decode ``records`` and bind their handlers' arguments, before any database work."""
@@ -178,8 +187,38 @@ class Applier:
         if not await claim(session, self.app.name, run.source, run.event_id):
             return False
         with calls.call(run.record, run.event, attempt):
-            await run.handler.call(session, run.arguments)
+            await self._invoke(session, [run])
         return True
+
+    async def _invoke(self, session: AsyncSession, runs: Sequence[_Run]) -> None:
+        """Call the handler of ``runs`` (several: one batch call) within its timeout.
+
+        Raises :class:`HandlerTimeoutError` when the call is cancelled at its deadline.
+        """
+        handler = runs[0].handler
+        timeout_s = self.app.timeout_for(handler)
+        with self.in_flight.running(handler, [run.record for run in runs]):
+            deadline = asyncio.timeout(timeout_s)
+            try:
+                async with deadline:
+                    if len(runs) == 1:
+                        await handler.call(session, runs[0].arguments)
+                    else:
+                        await handler.call_batch(session, [run.arguments for run in runs])
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # the handler's own TimeoutError
+                log.warning(
+                    "handler %s timed out after %g s on %s[%d]@%d",
+                    handler.name,
+                    timeout_s,
+                    runs[0].record.topic,
+                    runs[0].record.partition,
+                    runs[0].record.offset,
+                )
+                raise HandlerTimeoutError(
+                    f"handler {handler.name} did not return within {timeout_s:g} s"
+                ) from None
 
     async def run_optimistic(
         self, records: Sequence[ConsumerRecord], steps: list[_Step], start: int
@@ -258,11 +297,10 @@ class Applier:
                         try:
                             if len(group) == 1:
                                 with calls.call(first.record, first.event, 1):
-                                    await first.handler.call(session, first.arguments)
+                                    await self._invoke(session, [first])
                             else:
                                 with calls.call_batch([(r.record, r.event) for _, r in group]):
-                                    arguments = [run.arguments for _, run in group]
-                                    await first.handler.call_batch(session, arguments)
+                                    await self._invoke(session, [run for _, run in group])
                         except Exception as error:
                             failed = _HandlerFailed(first_index, error, len(group) > 1)
                             raise failed from None

@@ -231,6 +231,9 @@ def _check_json(value: bytes, what: str) -> Any:
         return json.loads(value)
     except (ValueError, UnicodeDecodeError):
         raise InvalidJSONError(f"{what} is not valid JSON for its content type") from None
+    except RecursionError:
+        # Nesting deeper than the parser's recursion limit: as undecodable as a syntax error.
+        raise InvalidJSONError(f"{what} is JSON nested too deeply to parse") from None
 
 
 def _build(attributes: dict[str, Any], data: Any) -> CloudEvent:

@@ -4,17 +4,29 @@ The record format (header names and :class:`DeadLetter`) is in
 :mod:`outboxkit.consumers.dlq_headers`. Delivery uses an idempotent producer
 (``acks=all``) and waits for the broker's acknowledgement, because the source offset is
 committed only after it; :class:`DeadLetterDelivery` keeps trying while the topic is unreachable.
+A letter refused for a reason of its own (too large with the failure headers added, an invalid
+record) is sent again cut down (:func:`shrunk`), marked ``outboxkit-truncated``: retrying it
+unchanged could never succeed, and the partition would stop for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    KafkaConnectionError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 from outboxkit.consumers.dlq_headers import DeadLetter
 from outboxkit.consumers.errors import error_class, safe_message
 from outboxkit.consumers.metrics import ConsumerStats
@@ -29,11 +41,25 @@ __all__ = [
     "DeadLetterPublisher",
     "dead_letter_for",
     "dlq_topic_for",
+    "shrunk",
 ]
 
 log = logging.getLogger("outboxkit.consumer")
 
 DEFAULT_DLQ_TOPIC = "{topic}.dlq"
+
+# Refusals of the record itself, by the client before sending or by the broker: sending the same
+# letter again cannot succeed (an unreachable broker raises other errors, retried as they are).
+REFUSED_AS_IS: tuple[type[Exception], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+)
+TRUNCATED_VALUE_BYTES = 64 * 1024
+KEPT_HEADER_BYTES = 16 * 1024
+LAST_STEP = 3
 
 
 def dead_letter_for(
@@ -58,6 +84,36 @@ def dead_letter_for(
         attempts=attempts,
         first_failure_ms=first_ms,
         last_failure_ms=last_ms,
+    )
+
+
+def shrunk(letter: DeadLetter, step: int) -> DeadLetter:
+    """``letter`` cut down for a broker that refused it ``step`` times (0: as it is).
+
+    1: the value cut to its first 64 KiB; 2: no value, and of the original headers only the
+    first ones within 16 KiB; 3: no key either. The failure facts always stay, and
+    ``truncated``/``original_size`` say what was left out.
+    """
+    if step <= 0:
+        return letter
+    size = len(letter.value or b"")
+    if step == 1:
+        value = None if letter.value is None else letter.value[:TRUNCATED_VALUE_BYTES]
+        return dataclasses.replace(letter, value=value, truncated="value", original_size=size)
+    kept: list[tuple[str, bytes | None]] = []
+    budget = KEPT_HEADER_BYTES if step == 2 else 0
+    for name, header in letter.original_headers():
+        budget -= len(name.encode("utf-8")) + len(header or b"")
+        if budget < 0:
+            break
+        kept.append((name, header))
+    return dataclasses.replace(
+        letter,
+        value=None,
+        headers=tuple(kept),
+        key=letter.key if step == 2 else None,
+        truncated="value,headers" if step == 2 else "value,headers,key",
+        original_size=size,
     )
 
 
@@ -101,24 +157,59 @@ class DeadLetterPublisher:
     async def publish(self, letters: Iterable[DeadLetter]) -> None:
         """Send ``letters`` and return once every one is acknowledged; raise otherwise.
 
-        Raises the producer's error, or :class:`TimeoutError` after ``timeout_s`` seconds. A
+        A letter refused for a reason of its own (:data:`REFUSED_AS_IS`) is sent again cut
+        down (:func:`shrunk`), step by step. Raises the producer's error (an outage, or a
+        refusal of the smallest form), or :class:`TimeoutError` after ``timeout_s`` seconds. A
         letter acknowledged before a failure may be sent again by the caller's retry: the
         dead-letter topic is at-least-once, like every Kafka topic.
         """
-        letters = list(letters)
-        if not letters:
-            return
+        todo = [(letter, 0) for letter in letters]
         async with asyncio.timeout(self.timeout_s):
-            futures = [
-                await self._producer.send(
-                    dlq_topic_for(self.topic_pattern, _topic_of(letter)),
-                    value=letter.value,
-                    key=letter.key,
-                    headers=letter.to_headers(self.group),
-                )
-                for letter in letters
-            ]
-            await asyncio.gather(*futures)
+            while todo:
+                outcomes = [await self._send(shrunk(letter, step)) for letter, step in todo]
+                errors = await asyncio.gather(*(_settled(outcome) for outcome in outcomes))
+                again: list[tuple[DeadLetter, int]] = []
+                for (letter, step), error in zip(todo, errors, strict=True):
+                    if error is None:
+                        continue
+                    if not isinstance(error, REFUSED_AS_IS) or step >= LAST_STEP:
+                        raise error
+                    cut = shrunk(letter, step + 1)
+                    log.warning(
+                        "dead letter of %s[%s]@%s refused by Kafka (%s); sending it without its %s",
+                        letter.topic,
+                        letter.partition,
+                        letter.offset,
+                        type(error).__name__,
+                        cut.truncated,
+                    )
+                    again.append((letter, step + 1))
+                todo = again
+
+    async def _send(self, letter: DeadLetter) -> asyncio.Future[Any] | Exception:
+        """Queue ``letter``: its delivery future, or the client's refusal of it."""
+        try:
+            future: asyncio.Future[Any] = await self._producer.send(
+                dlq_topic_for(self.topic_pattern, _topic_of(letter)),
+                value=letter.value,
+                key=letter.key,
+                headers=letter.to_headers(self.group),
+            )
+        except REFUSED_AS_IS as error:
+            return error
+        return future
+
+
+async def _settled(outcome: asyncio.Future[Any] | Exception) -> Exception | None:
+    """The error a send ended with, or ``None`` once the broker acknowledged it."""
+    if isinstance(outcome, Exception):
+        return outcome
+    try:
+        await outcome
+    except KafkaError as error:
+        refused: Exception = error
+        return refused
+    return None
 
 
 def _topic_of(letter: DeadLetter) -> str:

@@ -25,6 +25,11 @@ CONSUMER_GROUP = "outboxkit-consumer-group"
 ATTEMPTS = "outboxkit-attempts"
 FIRST_FAILURE_MS = "outboxkit-first-failure-ms"
 LAST_FAILURE_MS = "outboxkit-last-failure-ms"
+TRUNCATED = "outboxkit-truncated"
+"""Set when the broker refused the letter as it was (its size, an invalid record): what was left
+out to make it fit, ``value``, ``value,headers`` or ``value,headers,key``."""
+ORIGINAL_SIZE = "outboxkit-original-size"
+"""With ``outboxkit-truncated``: the size in bytes of the original value."""
 
 ALL = (
     ERROR_CLASS,
@@ -38,8 +43,11 @@ ALL = (
     FIRST_FAILURE_MS,
     LAST_FAILURE_MS,
 )
+"""The facts every dead letter carries."""
+TRUNCATION = (TRUNCATED, ORIGINAL_SIZE)
+"""The facts of a dead letter cut down to be accepted (only on those)."""
 
-_OURS = frozenset(ALL)
+_OURS = frozenset(ALL + TRUNCATION)
 Header = tuple[str, bytes | None]
 
 
@@ -78,6 +86,10 @@ class DeadLetter:
     last_failure_ms: int | None
     consumer_group: str | None = None
     """The group that dead-lettered it, as read back (the writer passes it to to_headers)."""
+    truncated: str | None = None
+    """What was left out because the broker refused the whole letter (``TRUNCATED``)."""
+    original_size: int | None = None
+    """The size of the original value in bytes, when ``truncated`` is set."""
 
     def original_headers(self) -> list[Header]:
         """The headers without the dead-letter ones: those of the original record."""
@@ -101,6 +113,8 @@ class DeadLetter:
             ATTEMPTS: _text(self.attempts),
             FIRST_FAILURE_MS: _text(self.first_failure_ms),
             LAST_FAILURE_MS: _text(self.last_failure_ms),
+            TRUNCATED: self.truncated,
+            ORIGINAL_SIZE: _text(self.original_size),
         }
         # A record replayed from a dead-letter topic that fails again gets fresh facts, not two.
         return self.original_headers() + [
@@ -126,6 +140,8 @@ class DeadLetter:
             first_failure_ms=_int(texts.get(FIRST_FAILURE_MS)),
             last_failure_ms=_int(texts.get(LAST_FAILURE_MS)),
             consumer_group=texts.get(CONSUMER_GROUP),
+            truncated=texts.get(TRUNCATED) or None,
+            original_size=_int(texts.get(ORIGINAL_SIZE)),
         )
 
 

@@ -33,6 +33,18 @@ class ConsumerError(OutboxError):
     """The consumer cannot run as configured (e.g. its inbox table is missing)."""
 
 
+class HandlerTimeoutError(TransientError):
+    """A handler call ran longer than its timeout and was cancelled (retried like transient)."""
+
+
+class StopTimeoutError(ConsumerError):
+    """:meth:`ConsumerRuntime.stop` passed its deadline with handlers still running.
+
+    The work was cancelled and the runtime closed; a handler running in a thread may still
+    run, so a process should exit now (``outboxkit consume`` exits with code 4).
+    """
+
+
 class Category(StrEnum):
     """How the runtime treats a failure."""
 

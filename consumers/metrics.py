@@ -128,9 +128,11 @@ class Positions:
             if records and tp in assigned and tp not in self._next:
                 self._next[tp] = records[0].offset
         for tp in assigned - self._next.keys():
-            if consumer.highwater(tp) is None:
-                continue
-            with contextlib.suppress(IllegalStateError, TimeoutError):
+            # Each await below lets a rebalance run: a partition of ``assigned`` may be gone,
+            # and aiokafka asserts on it (highwater) or raises (position).
+            with contextlib.suppress(AssertionError, IllegalStateError, TimeoutError):
+                if consumer.highwater(tp) is None:
+                    continue
                 self._next.setdefault(tp, await asyncio.wait_for(consumer.position(tp), 1.0))
 
     def revoked(self, partitions: Iterable[TopicPartition] | None = None) -> None:

@@ -1,17 +1,19 @@
 """The consumer runtime: its lifecycle, the fetch loop, the fan-out to partitions, rebalances.
 
-Each fetched batch is split by partition; a partition's records go through the inbox in order
-(:mod:`.apply`), their dead letters are delivered (:mod:`.dlq`), then their offset is committed
-(:mod:`.offsets`), always in that order, so a crash at any point leads to redelivery, which the
-inbox absorbs. See docs/consumers.md.
+Each fetched batch is split by partition, and each partition's records go to a worker task of
+their own while that partition is paused, so the fetch loop goes on for the others: a partition
+that retries, waits or hangs never delays another. A partition's records go through the inbox in
+order (:mod:`.apply`), their dead letters are delivered (:mod:`.dlq`), then their offset is
+committed (:mod:`.offsets`), always in that order, so a crash at any point leads to redelivery,
+which the inbox absorbs. See docs/consumers.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import signal
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -21,10 +23,12 @@ from aiokafka.errors import IllegalStateError
 from outboxkit.consumers.app import ConsumerApp
 from outboxkit.consumers.apply import Applier
 from outboxkit.consumers.dlq import DeadLetterDelivery, DeadLetterPublisher
-from outboxkit.consumers.errors import ConsumerError
+from outboxkit.consumers.errors import ConsumerError, StopTimeoutError
+from outboxkit.consumers.in_flight import HandlerCall
 from outboxkit.consumers.inbox import retain_inbox
 from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
+from outboxkit.consumers.signals import StopSignals
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -35,6 +39,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 log = logging.getLogger("outboxkit.consumer")
 
 POLL_TIMEOUT_MS = 500
+DEFAULT_STOP_TIMEOUT_S = 30.0
+STOP_CANCEL_WAIT_S = 5.0  # after the stop deadline: for cancelled handlers to roll back
 PARTITIONS_AT_ONCE = 4  # below the engine pool (5 + 10 overflow), with room for retention
 # Fetch defaults (a consumer option of the app or the caller wins). aiokafka buffers fetched
 # data unparsed, about max_partition_fetch_bytes per assigned partition and never more than
@@ -58,6 +64,10 @@ class ConsumerRuntime:
 
     ``on_db_commit`` is called right after each database commit that claimed events (the
     ``db_commits`` counter), before their offsets are committed: tests use it to crash there.
+
+    ``stop_timeout_s``: how long :meth:`stop` waits for the work in hand. Past it, it logs the
+    handler calls still running (type, handler, topic, partition, offset; never a payload),
+    cancels them, closes, and raises :class:`StopTimeoutError`.
     """
 
     def __init__(
@@ -71,15 +81,19 @@ class ConsumerRuntime:
         consumer_options: dict[str, Any] | None = None,
         producer_options: dict[str, Any] | None = None,
         on_db_commit: Callable[[], None] | None = None,
+        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
         if (db_url is None) == (engine is None):
             raise ValueError("pass exactly one of db_url or engine")
+        if stop_timeout_s <= 0:
+            raise ValueError("stop_timeout_s must be positive")
         if not app.handlers:
             raise ConsumerError(f"consumer {app.name!r} has no handlers")
         self.app = app
         self.kafka = kafka
         self.group = group or app.group_id
         self.stats = ConsumerStats()
+        self.stop_timeout_s = stop_timeout_s
         self.assignment: set[TopicPartition] = set()
         self._db_url = db_url
         self._engine = engine
@@ -89,7 +103,8 @@ class ConsumerRuntime:
         self._stopping = False
         self._wakeup = asyncio.Event()
         self._epoch = 0
-        self._lock = asyncio.Lock()  # held while a batch is applied; a revocation waits for it
+        self._workers: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._failure: BaseException | None = None
         self._lifecycle = asyncio.Lock()  # start and stop/close, one at a time
         self._opened = False
         self._closed = False
@@ -172,23 +187,58 @@ class ConsumerRuntime:
                 )
             )
         self._running = asyncio.create_task(self._loop(consumer))
+        log.info("consumer %s started", self.app.name)
 
     async def stop(self) -> None:
         """Finish the work in hand, commit its offsets, leave the group and close; idempotent.
 
-        An error the work failed with is logged here, and raised by :meth:`run`.
+        An error the work failed with is logged here, and raised by :meth:`run`. Raises
+        :class:`StopTimeoutError` when handlers were still running after ``stop_timeout_s``
+        (they were cancelled, and the runtime closed).
         """
         self._stopping = True
-        self._wakeup.set()
+        self._wake()
         async with self._lifecycle:
             if self._closed:
                 return
+            stuck = None
             if self._running is not None:
-                await asyncio.wait([self._running])
-                if not self._running.cancelled() and self._running.exception() is not None:
+                done, _ = await asyncio.wait([self._running], timeout=self.stop_timeout_s)
+                if not done:
+                    stuck = self._give_up_on_work()
+                    await asyncio.wait(
+                        [self._running, *self._workers.values()], timeout=STOP_CANCEL_WAIT_S
+                    )
+                elif not self._running.cancelled() and self._running.exception() is not None:
                     error = self._running.exception()
                     log.error("the consumer had stopped on %s", type(error).__name__)
             await self._close()
+        if stuck is not None:
+            raise StopTimeoutError(stuck)
+
+    def in_flight(self) -> list[HandlerCall]:
+        """The handler calls running right now, oldest first (safe to call from any thread)."""
+        return [] if self._applier is None else self._applier.in_flight.calls()
+
+    def _give_up_on_work(self) -> str:
+        """Log what is still running at the stop deadline, and cancel it; return a summary."""
+        calls = self.in_flight()
+        if calls:
+            for call in calls:
+                log.error("stop deadline passed: %s", call.describe())
+            summary = f"{len(calls)} handler call(s) still running: {calls[0].describe()}"
+        else:
+            summary = "no handler running (waiting on the database or Kafka)"
+        log.error(
+            "stop deadline of %g s passed with work still running; cancelling it (%s)",
+            self.stop_timeout_s,
+            summary,
+        )
+        assert self._running is not None
+        self._running.cancel()
+        for worker in self._workers.values():
+            worker.cancel()
+        return f"stop deadline of {self.stop_timeout_s:g} s passed: {summary}"
 
     async def run(self) -> None:
         """Start, then wait until :meth:`stop` is done; raise what the work failed with."""
@@ -199,7 +249,9 @@ class ConsumerRuntime:
             await asyncio.wait([running])
         except asyncio.CancelledError:
             running.cancel()
-            await asyncio.wait([running])
+            for worker in self._workers.values():
+                worker.cancel()
+            await asyncio.wait([running, *self._workers.values()])
             async with self._lifecycle:
                 await self._close()
             raise
@@ -264,38 +316,70 @@ class ConsumerRuntime:
             raise ConsumerError("table inbox_events is missing: run 'outboxkit migrate' first")
 
     async def _loop(self, consumer: AIOKafkaConsumer) -> None:
-        while not self._stopping:
-            epoch = self._epoch
-            self._wakeup.clear()
-            batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
-            await self.positions.fetched(consumer, batch)
-            if not batch:
-                continue
-            async with self._lock:
-                # Partitions are independent: each one's records go in order through one
-                # transaction at a time, while the others decode or wait on the database.
-                await asyncio.gather(
-                    *(
-                        self._handle_partition(consumer, tp, records, epoch)
-                        for tp, records in batch.items()
-                        if tp in consumer.assignment()
-                    )
-                )
+        """Fetch and hand each partition's records to a worker task of its own.
 
-    async def _handle_partition(
+        A partition is paused while its worker has records in hand (applying, retrying,
+        waiting for the dead-letter topic), so the fetch loop goes on for the others and a
+        stuck partition delays nobody. The worker resumes it when done.
+        """
+        try:
+            while not self._stopping and self._failure is None:
+                epoch = self._epoch
+                batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS)
+                await self.positions.fetched(consumer, batch)
+                for tp, records in batch.items():
+                    self._dispatch(consumer, tp, records, epoch)
+        finally:
+            while self._workers:
+                await asyncio.wait(list(self._workers.values()))
+        if self._failure is not None:
+            raise self._failure
+
+    def _dispatch(
         self,
         consumer: AIOKafkaConsumer,
         tp: TopicPartition,
         records: Sequence[ConsumerRecord],
         epoch: int,
     ) -> None:
+        if self._stopping:
+            return
+        if epoch != self._epoch or tp in self._workers or tp not in consumer.assignment():
+            self._rewind(consumer, tp, records[0].offset)
+            return
+        consumer.pause(tp)
+        worker = asyncio.create_task(self._work(consumer, tp, records, epoch))
+        self._workers[tp] = worker
+        worker.add_done_callback(functools.partial(self._worker_done, tp))
+
+    def _worker_done(self, tp: TopicPartition, worker: asyncio.Task[None]) -> None:
+        if self._workers.get(tp) is worker:
+            del self._workers[tp]
+        if not worker.cancelled() and (error := worker.exception()) is not None:
+            if self._failure is None:
+                self._failure = error
+            self._wake()
+
+    async def _work(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: Sequence[ConsumerRecord],
+        epoch: int,
+    ) -> None:
+        """Apply ``tp``'s records, then resume fetching it (from the first one not handled)."""
         handled = 0
-        async with self._partition_slots:
-            if self._current(epoch):
-                self.stats.received += len(records)
-                handled = await self._process_partition(tp, records, epoch)
-        if handled < len(records) and not self._stopping:
-            self._rewind(consumer, tp, records[handled].offset)
+        try:
+            async with self._partition_slots:
+                if self._current(epoch):
+                    self.stats.received += len(records)
+                    handled = await self._process_partition(tp, records, epoch)
+        finally:
+            if not self._stopping:
+                if handled < len(records):
+                    self._rewind(consumer, tp, records[handled].offset)
+                with contextlib.suppress(IllegalStateError):
+                    consumer.resume(tp)
 
     def _rewind(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
         """Fetch ``tp`` again from ``offset``, the first record of a batch left unhandled.
@@ -320,7 +404,12 @@ class ConsumerRuntime:
         assert applier is not None and dlq is not None
 
         async def pause(delay: float) -> bool:
-            return await self._pause(delay, epoch)
+            # No connection is held while waiting: let another partition have the slot.
+            self._partition_slots.release()
+            try:
+                return await self._pause(delay, epoch)
+            finally:
+                await self._partition_slots.acquire()
 
         steps = applier.steps(records)
         careful = False
@@ -362,18 +451,24 @@ class ConsumerRuntime:
             await asyncio.wait_for(self._wakeup.wait(), delay)
         return self._current(epoch)
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Stop retries and later partitions of the batch, then wait for the transaction in
-        # hand and the offset commit in flight: whatever was applied has its offset committed
-        # before the rebalance proceeds.
-        self._epoch += 1
+    def _wake(self) -> None:
+        """End every pause under way; later pauses wait on a fresh event."""
         self._wakeup.set()
-        async with self._lock:
-            if self._offsets is not None:
-                await self._offsets.flush()
-            self.assignment = set()
-            self.telemetry.forget(revoked)
-            self.positions.revoked(revoked)
+        self._wakeup = asyncio.Event()
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Stop retries and the rest of every partition's records, then wait for the
+        # transactions in hand and the offset commit in flight: whatever was applied has its
+        # offset committed before the rebalance proceeds.
+        self._epoch += 1
+        self._wake()
+        while self._workers:
+            await asyncio.wait(list(self._workers.values()))
+        if self._offsets is not None:
+            await self._offsets.flush()
+        self.assignment = set()
+        self.telemetry.forget(revoked)
+        self.positions.revoked(revoked)
         if revoked:
             log.info("partitions revoked: %s", describe_partitions(revoked))
 
@@ -399,20 +494,32 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is
         self._runtime._on_assigned(assigned)
 
 
-async def serve(runtime: ConsumerRuntime) -> ConsumerStats:
-    """Run ``runtime`` until SIGTERM or SIGINT, then drain and return its counters."""
+async def serve(runtime: ConsumerRuntime, signals: StopSignals | None = None) -> ConsumerStats:
+    """Run ``runtime`` until SIGTERM or SIGINT, then drain and return its counters.
+
+    ``signals``: handlers the caller installed first thing (default: installed here). A signal
+    that came before this point means the runtime is not started at all. Raises
+    :class:`StopTimeoutError` when the stop passed its deadline, or the error the work failed
+    with.
+    """
+    signals = signals or StopSignals().install()
+    if signals.requested:
+        log.info("consumer %s: stop requested while starting up; not started", runtime.app.name)
+        return runtime.stats
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
     def request_stop() -> None:
-        stopping.append(loop.create_task(runtime.stop()))
+        if not stopping:
+            stopping.append(loop.create_task(runtime.stop()))
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, request_stop)
+    def on_signal() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to stop
+            loop.call_soon_threadsafe(request_stop)
+
+    signals.on_stop(on_signal)
     try:
         await runtime.run()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
         await asyncio.gather(*stopping)
     return runtime.stats

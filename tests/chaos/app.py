@@ -2,10 +2,15 @@
 
 The topic comes from ``OUTBOXKIT_CHAOS_TOPIC``. Because ``chaos_effects`` has no unique
 constraint, an event applied twice would show as two rows: the inbox is what prevents it.
+
+One handler call in the whole run hangs (never returns): the first to create the file named by
+``OUTBOXKIT_CHAOS_HANG_FILE``, at step :data:`HANG_AT_SEQ` of a key. The handler timeout
+(``HANDLER_TIMEOUT_S``) must free its partition; the event is then retried and applied.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from cloudevents.core.v1.event import CloudEvent
@@ -28,6 +33,8 @@ chaos_effects = Table(
 )
 
 EVENT_TYPE = "chaos.step"
+HANG_AT_SEQ = 20
+HANDLER_TIMEOUT_S = 3.0
 
 
 class Step(BaseModel):
@@ -43,12 +50,27 @@ app = ConsumerApp(
     # A SIGKILLed member is noticed after the session timeout: keep it short for the run.
     consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
     retention_interval_s=None,
+    handler_timeout_s=HANDLER_TIMEOUT_S,
 )
+
+
+def _first_to_hang() -> bool:
+    """Whether this call is the one of the run that hangs (creates the hang file first)."""
+    path = os.environ.get("OUTBOXKIT_CHAOS_HANG_FILE")
+    if not path:
+        return False
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 @app.handler(EVENT_TYPE, topic=os.environ.get("OUTBOXKIT_CHAOS_TOPIC", "chaos"))
 async def apply_step(step: Step, event: CloudEvent, session: AsyncSession) -> None:
-    """Record that this step was applied."""
+    """Record that this step was applied (hanging once in the run, see the module's notes)."""
+    if step.seq == HANG_AT_SEQ and _first_to_hang():
+        await asyncio.Event().wait()  # never returns: the handler timeout cancels it
     await session.execute(
         insert(chaos_effects).values(
             event_id=event.get_id(), key=step.key, seq=step.seq, pid=os.getpid()

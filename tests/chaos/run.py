@@ -6,6 +6,11 @@ Kafka broker is restarted once and every database connection is cut once. At the
 committed event must have been applied exactly once, in outbox order per key, and nothing from a
 rolled-back transaction may appear anywhere. A seed makes the schedule repeatable.
 
+Poison records (:mod:`tests.chaos.poison`) go in after every 1,000 committed events and must all
+be dead-lettered, and one handler call hangs once (:mod:`tests.chaos.app`) until the handler
+timeout frees it. A process is sent SIGTERM only once it logged its started line (its signal
+handlers are in place from then on), and must exit 0.
+
     python -m tests.chaos.run --events 200000 --seed 7
 """
 
@@ -32,9 +37,11 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from tests.chaos.app import chaos_effects, chaos_metadata
+from tests.chaos.poison import EVERY, POISON_HEADER, send_poison
 from tests.support.kafka import read_topic
 
 PARTITIONS = 6
+STARTED = re.compile(r"\b(relay|consumer) \S+ started\b")
 PRODUCERS = 3
 KEYS_PER_PRODUCER = 40
 
@@ -54,6 +61,10 @@ class Summary:
     kafka_duplicates: int = 0
     duplicates_skipped_by_stopping_consumers: int = 0
     effect_rows: int = 0
+    poison_records: int = 0
+    poison_dead_lettered: int = 0
+    handler_hangs: int = 0
+    handler_timeouts: int = 0
     seconds_total: float = 0.0
     seconds_to_drain_after_last_fault: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -79,15 +90,29 @@ class Fleet:
         else:
             args = ["consume", "tests.chaos.app:app", "--db-url", self.db_url]
             args += ["--bootstrap", self.bootstrap]
-            env = {"OUTBOXKIT_CHAOS_TOPIC": self.topic}
+            env = {
+                "OUTBOXKIT_CHAOS_TOPIC": self.topic,
+                "OUTBOXKIT_CHAOS_HANG_FILE": str(self.logs / "hang"),
+            }
             self.processes[slot] = start_cli(args, log, env=env)
 
     def kill(self, slot: str) -> None:
         """SIGKILL the process of ``slot``, as a crash would."""
         kill(self.processes[slot])
 
+    def wait_started(self, slot: str, timeout: float = 60.0) -> None:
+        """Wait until the current process of ``slot`` logged its started line (or exited)."""
+        log = self.logs / f"{slot}.{self.starts[slot]}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.processes[slot].poll() is None:
+            if log.exists() and STARTED.search(log.read_text(errors="replace")):
+                return
+            time.sleep(0.1)
+
     def stop_all(self) -> dict[str, int]:
-        """SIGTERM everything still running; return the exit codes."""
+        """SIGTERM everything still running, each once it has started; return the exit codes."""
+        for slot in self.processes:
+            self.wait_started(slot)
         return {slot: terminate(process, 60) for slot, process in self.processes.items()}
 
 
@@ -169,6 +194,7 @@ def run_chaos(
             producers = start_producers(db_url, topic, events, seed, workdir)
             last_fault = _inject_faults(fleet, broker, producers, db_url, rng, kills_each, summary)
             _wait_for_effects(db_url, drain_timeout, summary)
+            _wait_for_poison(broker.bootstrap, topic, drain_timeout, summary)
             summary.seconds_to_drain_after_last_fault = time.monotonic() - last_fault
             codes = fleet.stop_all()
             bad_exits = {slot: code for slot, code in codes.items() if code != 0}
@@ -196,9 +222,11 @@ def _inject_faults(fleet, broker, producers, db_url, rng, kills_each, summary) -
         producing = any(p.poll() is None for p in producers)
         quotas_met = min(kills.values()) >= kills_each and broker_done and cut_done
         if quotas_met and not producing:
+            _add_poison(fleet, committed_count(db_url), summary)
             return last_fault
         time.sleep(rng.uniform(0.5, 2.0))
         progress = committed_count(db_url)
+        _add_poison(fleet, progress, summary)
         if not broker_done and progress > 0 and kills["relay"] >= kills_each // 2:
             broker.stop()
             time.sleep(rng.uniform(1.0, 3.0))
@@ -218,6 +246,18 @@ def _inject_faults(fleet, broker, producers, db_url, rng, kills_each, summary) -
             fleet.start(slot)
         last_fault = time.monotonic()
         summary.relay_kills, summary.consumer_kills = kills["relay"], kills["consumer"]
+
+
+def _add_poison(fleet: Fleet, committed: int, summary: Summary) -> None:
+    """Write the poison records due: one per 1,000 committed events so far."""
+    due = list(range(summary.poison_records, committed // EVERY))
+    if due:
+        try:
+            asyncio.run(send_poison(fleet.bootstrap, fleet.topic, due))
+        except Exception as error:  # the broker is being restarted: try again next round
+            print(f"poison records not written yet: {type(error).__name__}", file=sys.stderr)
+            return
+        summary.poison_records += len(due)
 
 
 def _wait_for_effects(db_url: str, timeout: float, summary: Summary) -> None:
@@ -266,14 +306,49 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
     if broken:
         summary.problems.append(f"effects out of outbox order for keys {broken[:5]}")
     records = asyncio.run(read_topic(bootstrap, topic, expected=len(committed_ids), timeout=120))
-    record_ids = [dict(r.headers)["ce_id"].decode() for r in records]
+    events = [dict(r.headers) for r in records]
+    record_ids = [h["ce_id"].decode() for h in events if POISON_HEADER not in h]
     summary.kafka_records = len(record_ids)
     summary.kafka_duplicates = len(record_ids) - len(set(record_ids))
     if rolled_back & set(record_ids):
         summary.problems.append("an event of a rolled-back transaction reached Kafka")
     for log in workdir.glob("consumer-*.log"):
-        for match in re.finditer(r"stopped: .*?duplicates=(\d+)", log.read_text()):
+        text = log.read_text(errors="replace")
+        for match in re.finditer(r"stopped: .*?duplicates=(\d+)", text):
             summary.duplicates_skipped_by_stopping_consumers += int(match.group(1))
+        summary.handler_timeouts += len(re.findall(r"handler \S+ timed out after", text))
+    summary.handler_hangs = int((workdir / "hang").exists())
+    if not summary.handler_hangs:
+        summary.problems.append("the handler meant to hang once never did")
+
+
+def _poison_dead_lettered(bootstrap: str, topic: str, written: int) -> int:
+    """How many of the ``written`` poison records are in the dead-letter topic."""
+    letters = asyncio.run(read_topic(bootstrap, f"{topic}.dlq", expected=written, timeout=10))
+    numbers = {
+        value.decode()
+        for letter in letters
+        for name, value in letter.headers
+        if name == POISON_HEADER and value is not None
+    }
+    return len(numbers & {str(n) for n in range(written)})
+
+
+def _wait_for_poison(bootstrap: str, topic: str, timeout: float, summary: Summary) -> None:
+    """Wait until every poison record written is dead-lettered (none applied: see _check)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _poison_dead_lettered(bootstrap, topic, summary.poison_records)
+        summary.poison_dead_lettered = found
+        if found == summary.poison_records:
+            return
+        if time.monotonic() > deadline:
+            summary.problems.append(
+                f"{summary.poison_records - found} of {summary.poison_records} poison records "
+                "not dead-lettered"
+            )
+            return
+        time.sleep(1.0)
 
 
 def main() -> None:

@@ -25,3 +25,6 @@ def test_every_committed_event_applied_exactly_once_under_faults(tmp_path: Path)
     assert summary.relay_kills >= 10 and summary.consumer_kills >= 10
     assert summary.broker_restarts == 1 and summary.database_cuts == 1
     assert summary.rolled_back_events > 0
+    assert summary.poison_records >= events // 1000
+    assert summary.poison_dead_lettered == summary.poison_records
+    assert summary.handler_hangs == 1

@@ -105,7 +105,7 @@ async def test_redelivery_after_a_crash_between_db_commit_and_offset_commit_is_s
     ("target", "message"),
     [
         ("tests.no_such_module:app", "cannot import module 'tests.no_such_module'"),
-        ("tests.support.consumer_apps:not_an_app", "is a str, not a consumers.ConsumerApp"),
+        ("tests.support.consumer_apps:not_an_app", "is a str, not an outboxkit ConsumerApp"),
         ("tests.support.consumer_apps:missing", "has no attribute 'missing'"),
         ("tests.support.consumer_apps", "expected MODULE:APP"),
     ],

@@ -67,6 +67,23 @@ def test_invalid_json_is_rejected_although_the_sdk_would_return_a_string() -> No
     assert "4111" not in str(raised.value)
 
 
+DEEP = 100_000  # far past the interpreter's recursion limit
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_json_nested_too_deeply_is_invalid_json_not_a_recursion_error(mode: str) -> None:
+    nested = b"[" * DEEP + b"]" * DEEP
+    if mode == "binary":
+        headers, _, _ = binary(new_event("t", "/s", {"a": 1}))
+        value = nested
+    else:
+        headers = [("content-type", b"application/cloudevents+json")]
+        envelope = b'{"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "data": '
+        value = envelope + nested + b"}"
+    with pytest.raises(InvalidJSONError, match="nested too deeply"):
+        decode_record(headers, value)
+
+
 def test_non_json_content_type_keeps_text_and_bytes() -> None:
     headers, _, value = binary(new_event("t", "/s", b"\x00\x01"))
     assert decode_record(headers, value).get_data() == b"\x00\x01"

@@ -11,6 +11,8 @@ from outboxkit.ops.dlq.reader import DlqFilter, DlqRecord
 
 # The keys `dlq list --json` has always written for a record: scripts read them.
 RECORD_KEYS = {
+    "truncated",
+    "original_size",
     "topic",
     "partition",
     "offset",

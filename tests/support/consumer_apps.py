@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers import ConsumerApp
@@ -68,3 +69,34 @@ async def record_widget(widget: Widget, event: CloudEvent, session: AsyncSession
 
 
 not_an_app = "not a ConsumerApp"
+
+
+def _hanging_app(name: str) -> ConsumerApp:
+    return ConsumerApp(
+        name=name,
+        retry=RetryPolicy(
+            max_attempts=5, backoff=Backoff(base_s=0.05, cap_s=0.5), max_elapsed_s=20
+        ),
+        consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        retention_interval_s=None,
+    )
+
+
+# Handlers that never return (the default handler timeout, minutes, is far away): for the stop
+# deadline. Each prints a line once it is running, so a test knows when to send SIGTERM.
+hanging_app = _hanging_app("hanging")
+hanging_thread_app = _hanging_app("hanging-thread")
+
+
+@hanging_app.handler(WIDGET_TYPE, topic=TOPIC)
+async def hang(widget: Widget) -> None:
+    """Never return (cancellable)."""
+    print(f"handler entered: widget {widget.n}", flush=True)
+    await asyncio.Event().wait()
+
+
+@hanging_thread_app.handler(WIDGET_TYPE, topic=TOPIC)
+def hang_in_thread(widget: Widget) -> None:
+    """Never return, in a worker thread (cannot be cancelled)."""
+    print(f"handler entered: widget {widget.n}", flush=True)
+    threading.Event().wait()
