@@ -43,7 +43,8 @@ class IdempotencyError(RuntimeError):
 
 class Decided(Exception):
     """Raised from inside the app when a claim says "do not run the handler": the middleware
-    catches it and sends ``answer`` (a replay, 400, 409 or 422)."""
+    sends ``answer`` (a replay, 400, 409 or 422) instead of whatever the app's error handling
+    made of the exception (Starlette's ServerErrorMiddleware answers 500 and re-raises)."""
 
     def __init__(self, answer: Answer) -> None:
         super().__init__(answer.status)
@@ -72,6 +73,7 @@ class IdempotencyContext:
         self.key: str | None = None
         self.scope_value: str | None = None
         self.lease: Lease | None = None
+        self.decided: Answer | None = None  # an in-app opt-in's answer instead of the handler
         self._session: AsyncSession | None = None
 
     @property
@@ -127,6 +129,7 @@ class IdempotencyContext:
         """:meth:`claim`, raising :class:`Decided` when the handler must not run."""
         answer = await self.claim(body)
         if answer is not None:
+            self.decided = answer
             raise Decided(answer)
 
     async def session(self) -> AsyncSession:

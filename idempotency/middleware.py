@@ -104,12 +104,15 @@ class IdempotencyMiddleware:
         capture = _Capture(context, send)
         try:
             await self.app(scope, receive, capture.send)
-        except Decided as decided:  # an in-app opt-in said "do not run the handler"
-            await decided.answer.send(send)
+        except BaseException as error:
+            if context.decided is None:
+                await context.abort()
+                raise
+            if not isinstance(error, Decided):
+                log.warning("the app failed after an idempotency answer: %s", type(error).__name__)
+        if context.decided is not None:  # an in-app opt-in said "do not run the handler"
+            await context.decided.send(send)
             return
-        except BaseException:
-            await context.abort()
-            raise
         if not context.claimed:
             return  # not an idempotent request: everything went straight through
         if capture.status is None:  # the app returned without answering: the server sends 500
@@ -131,6 +134,8 @@ class _Capture:
         self.body: list[bytes] = []
 
     async def send(self, message: Message) -> None:
+        if self.context.decided is not None:
+            return  # the app's rendering of Decided (a 500): the middleware sends the answer
         if self.passthrough is None and message["type"] == "http.response.start":
             self.passthrough = not self.context.claimed
         if self.passthrough is not False:
