@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,7 +26,8 @@ def call(url: str, method: str, path: str, body=None, headers=None):
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, path, body=payload, headers=headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), json.loads(response.read())
+        names = {name.lower(): value for name, value in response.getheaders()}  # any case
+        return response.status, names, json.loads(response.read())
     finally:
         connection.close()
 
@@ -41,9 +43,9 @@ def lookup(url: str, key: str, account: str = "acme"):
 async def test_provider_replays_refuses_and_scopes_keys_per_account() -> None:
     with PaymentProvider() as provider:
         status, headers, first = refund(provider.url, "k1")
-        assert status == 201 and "Idempotent-Replay" not in headers
+        assert status == 201 and "idempotent-replay" not in headers
         status, headers, replay = refund(provider.url, "k1")
-        assert (status, headers.get("Idempotent-Replay"), replay) == (201, "true", first)
+        assert (status, headers.get("idempotent-replay"), replay) == (201, "true", first)
         status, _, _ = refund(provider.url, "k1", {**BODY, "amount_cents": 501})
         assert status == 422
         status, _, other = refund(provider.url, "k1", account="globex")
@@ -94,3 +96,21 @@ async def test_the_demo_ends_with_one_refund(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "provider refunds: 1" in result.stdout
     assert "outboxkit.action.reconciled" in result.stdout
+
+
+async def test_provider_keys_expire_after_24_hours_by_its_clock(db_url: str) -> None:
+    now = [time.time()]
+    with PaymentProvider(db_url=db_url, clock=lambda: now[0]) as provider:
+        _, _, first = refund(provider.url, "k1")
+        now[0] += 24 * 3600 - 1
+        _, headers, replay = refund(provider.url, "k1")
+        assert headers.get("idempotent-replay") == "true" and replay == first
+        assert refund(provider.url, "k1", {**BODY, "amount_cents": 7})[0] == 422
+        now[0] += 1  # a day after the first request: the key names a new refund
+        status, headers, second = refund(provider.url, "k1", {**BODY, "amount_cents": 7})
+        assert status == 201 and "idempotent-replay" not in headers
+        assert second["id"] != first["id"] and second["amount_cents"] == 7
+        assert provider.refund_count("acme") == 2
+        assert (provider.replays, provider.conflicts) == (1, 1)
+        _, _, found = lookup(provider.url, "k1")
+        assert found["count"] == 2 and found["in_flight"] is False
