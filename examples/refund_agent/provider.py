@@ -38,7 +38,7 @@ from outboxkit.idempotency import (
     IdempotencyMiddleware,
     IdempotencyStore,
     Outcome,
-    idempotency_session,
+    context_of,
 )
 from outboxkit.idempotency.scopes import RequestInfo
 from outboxkit.migrations.runner import upgrade
@@ -238,9 +238,9 @@ class PaymentProvider:
             if slot.fault is Fault.HOLD_BEFORE_COMMIT and slot.hold is not None:
                 slot.hold.reached.set()
                 await asyncio.to_thread(slot.hold.released.wait, HOLD_LIMIT_S)
-            session = await idempotency_session(request.scope)
-            account = _account(request.headers.get("x-account"))
-            key = request.scope["outboxkit.idempotency"].key
+            context = context_of(request.scope)
+            session = await context.session()
+            account, key = _account(request.headers.get("x-account")), context.key
             row_id = (
                 await session.execute(
                     refunds_table.insert()
