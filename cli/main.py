@@ -27,6 +27,7 @@ def build_app() -> typer.Typer:
     from outboxkit.cli.consume import consume
     from outboxkit.cli.dev import dev_app
     from outboxkit.cli.dlq import dlq_app
+    from outboxkit.cli.idempotency import idempotency_app
     from outboxkit.cli.migrate import migrate
     from outboxkit.cli.outbox import outbox_app
     from outboxkit.cli.relay import relay
@@ -62,6 +63,7 @@ def build_app() -> typer.Typer:
     app.add_typer(outbox_app, name="outbox")
     app.add_typer(dlq_app, name="dlq")
     app.add_typer(actions_app, name="actions")
+    app.add_typer(idempotency_app, name="idempotency")
     app.add_typer(dev_app, name="dev")
     return app
 

@@ -16,7 +16,7 @@ from tests.support import REPO
 LAYERS: list[set[str]] = [
     {"outbox"},
     {"migrations", "relay", "consumers"},
-    {"actions"},
+    {"actions", "idempotency"},
     {"ops", "testing"},
     {"cli"},
 ]

@@ -1,33 +1,72 @@
 """A payment provider on loopback HTTP that honours ``Idempotency-Key`` like real ones do.
 
-``POST /refunds`` with ``Idempotency-Key`` and ``X-Account`` headers and a JSON body
-``{"charge_id", "amount_cents", "currency"}``:
+It is built on :mod:`outboxkit.idempotency`: a Starlette app under uvicorn, its refunds in a
+database (a temporary SQLite file by default, or ``db_url=`` PostgreSQL), wrapped in
+:class:`~outboxkit.idempotency.IdempotencyMiddleware`. ``POST /refunds`` with
+``Idempotency-Key`` and ``X-Account`` headers and a JSON body ``{"charge_id", "amount_cents",
+"currency"}``:
 
-- a new key creates one refund (201) and stores the response;
+- a new key creates one refund (201); the refund row, its ``provider.refund.created`` outbox
+  event and the stored response commit in one transaction;
 - the same key with the same body replays the stored response with ``Idempotent-Replay: true``;
-- the same key with another body: 422; while the first request is still processing: 409.
+- the same key with another body: 422; while the first request is still processing: 409;
+- keys are scoped per account, as at Stripe, and expire after 24 h (``key_ttl_s``; the
+  ``clock`` can be injected), after which the key names a new refund.
 
 ``GET /refunds?idempotency_key=K`` lists the account's refunds (filtered by key) and whether a
-request with that key is in flight. Keys are scoped per account, as at Stripe. Faults can be
-injected from Python (:meth:`PaymentProvider.inject`): drop the connection before or after
-committing the refund, or hold the request at either point until released.
+request with that key is in flight. Faults can be injected from Python
+(:meth:`PaymentProvider.inject`): drop the connection before or after committing the refund,
+or hold the request at either point until released.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
+import asyncio
+import logging
 import socket
+import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+
+import uvicorn
+from outboxkit.idempotency import (
+    IdempotencyMiddleware,
+    IdempotencyStore,
+    Outcome,
+    context_of,
+)
+from outboxkit.idempotency.scopes import RequestInfo
+from outboxkit.migrations.runner import upgrade
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_async_engine, make_engine
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 HOLD_LIMIT_S = 120.0  # a held request gives up by itself, so a forgotten hold cannot hang
+KEY_TTL_S = 24 * 3600.0
+FAULT_SLOT = "payment_provider.fault"
+
+provider_tables = MetaData()
+refunds_table = Table(
+    "provider_refunds",
+    provider_tables,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("account", String(64), nullable=False),
+    Column("charge_id", String(64), nullable=False),
+    Column("amount_cents", Integer, nullable=False),
+    Column("currency", String(8), nullable=False),
+    Column("idempotency_key", String(255), nullable=False),
+    Column("status", String(16), nullable=False),
+)
 
 
 class Fault(Enum):
@@ -52,38 +91,65 @@ class Hold:
 
 
 @dataclass
-class _Entry:
-    body_hash: str
-    in_flight: bool = True
-    status: int = 0
-    response: dict[str, Any] = field(default_factory=dict)
+class _Slot:
+    """The fault a request drew, shared by its handler and the fault layer around it."""
+
+    fault: Fault | None = None
+    hold: Hold | None = None
+
+
+class _Drop(Exception):
+    """Close the connection without a (complete) reply."""
 
 
 class PaymentProvider:
     """The provider's state and its HTTP server; use as a context manager."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        db_url: str | None = None,
+        clock: Callable[[], float] | None = None,
+        key_ttl_s: float = KEY_TTL_S,
+        lease_s: float = 30.0,
+    ) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], _Entry] = {}
-        self._refunds: list[dict[str, Any]] = []
         self._faults: deque[tuple[Fault, Hold | None]] = deque()
         self._holds: list[Hold] = []
         self.replays = 0
         self.conflicts = 0
         self.in_flight_rejections = 0
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # the refunds stay readable after close(); the directory goes with the object
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if db_url is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="payment-provider-")
+            db_url = f"sqlite:///{Path(self._tmp.name) / 'provider.db'}"
+        self.db_url = db_url
+        upgrade(db_url)  # outboxkit's tables, the idempotency keys among them
+        self._sync_engine = make_engine(db_url)
+        provider_tables.create_all(self._sync_engine)
+        self._key_options: dict[str, Any] = {"ttl_s": key_ttl_s, "lease_s": lease_s, "clock": clock}
+        self._socket = socket.create_server((host, port))
+        self._server: uvicorn.Server | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        _quiet_drops()
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:43121``."""
-        host, port = self._server.server_address[:2]
+        host, port = self._socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     def start(self) -> PaymentProvider:
         """Start serving in a background thread."""
         self._thread.start()
+        self._started.wait(60)
+        if self._error is not None:
+            raise RuntimeError("the payment provider did not start") from self._error
         return self
 
     def close(self) -> None:
@@ -92,8 +158,12 @@ class PaymentProvider:
             holds = list(self._holds)
         for hold in holds:
             hold.release()
-        self._server.shutdown()
-        self._server.server_close()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(30)
+        self._socket.close()
+        self._sync_engine.dispose()  # reconnects if the refunds are read after close
 
     def __enter__(self) -> PaymentProvider:
         return self.start()
@@ -112,135 +182,187 @@ class PaymentProvider:
 
     def refunds(self, account: str | None = None) -> list[dict[str, Any]]:
         """Refunds committed so far (of one account, or all)."""
-        with self._lock:
-            return [dict(r) for r in self._refunds if account in (None, r["account"])]
+        query = select(refunds_table).order_by(refunds_table.c.id)
+        if account is not None:
+            query = query.where(refunds_table.c.account == account)
+        with self._sync_engine.connect() as conn:
+            return [_refund(row) for row in conn.execute(query)]
 
     def refund_count(self, account: str | None = None) -> int:
         """How many refunds were committed (of one account, or all)."""
         return len(self.refunds(account))
 
-    # -- request handling (called on the server's threads) ----------------------------------
+    # -- the server (on its own thread and event loop) ---------------------------------------
 
-    def _create(self, account: str, key: str, body: dict[str, Any]) -> tuple[int, dict, bool]:
-        """Return (status, response, replayed), or raise _Drop for a dropped connection."""
-        body_hash = hashlib.sha256(
-            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        ).hexdigest()
-        with self._lock:
-            entry = self._entries.get((account, key))
-            if entry is not None:
-                if entry.body_hash != body_hash:
-                    self.conflicts += 1
-                    return 422, {"error": "idempotency key reused with another request"}, False
-                if entry.in_flight:
-                    self.in_flight_rejections += 1
-                    return 409, {"error": "a request with this key is in progress"}, False
-                self.replays += 1
-                return entry.status, entry.response, True
-            entry = _Entry(body_hash)
-            self._entries[(account, key)] = entry
-            fault, hold = self._faults.popleft() if self._faults else (None, None)
-        if fault is Fault.DROP_BEFORE_COMMIT:
-            with self._lock:
-                del self._entries[(account, key)]
-            raise _Drop
-        if fault is Fault.HOLD_BEFORE_COMMIT and hold is not None:
-            hold.reached.set()
-            hold.released.wait(HOLD_LIMIT_S)
-        with self._lock:
-            refund = {
-                "id": f"re_{len(self._refunds) + 1:06d}",
-                "account": account,
-                "charge_id": body["charge_id"],
-                "amount_cents": body["amount_cents"],
-                "currency": body["currency"],
-                "idempotency_key": key,
-                "status": "succeeded",
-            }
-            self._refunds.append(refund)
-            entry.in_flight, entry.status, entry.response = False, 201, dict(refund)
-        if fault is Fault.DROP_AFTER_COMMIT:
-            raise _Drop
-        if fault is Fault.HOLD_AFTER_COMMIT and hold is not None:
-            hold.reached.set()
-            hold.released.wait(HOLD_LIMIT_S)
-        return 201, dict(refund), False
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as error:  # reported by start()
+            self._error = error
+        finally:
+            self._started.set()
 
-    def _lookup(self, account: str, key: str | None) -> dict[str, Any]:
-        with self._lock:
-            refunds = [
-                dict(r)
-                for r in self._refunds
-                if r["account"] == account and key in (None, r["idempotency_key"])
+    async def _run(self) -> None:
+        engine = make_async_engine(self.db_url)
+        try:
+            config = uvicorn.Config(
+                self.app(engine),
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                timeout_graceful_shutdown=5,
+            )
+            self._server = uvicorn.Server(config)
+            serving = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+            while not self._server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            self._started.set()
+            await serving
+        finally:
+            await engine.dispose()
+
+    def app(self, engine: AsyncEngine) -> Any:
+        """The provider's ASGI app: faults around the idempotency middleware around the API."""
+        outbox = Outbox(default_topic="provider.refunds")
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        keys = IdempotencyStore(**self._key_options)
+
+        async def create_refund(request: Request) -> JSONResponse:
+            body = _valid_body(await request.body())
+            if body is None:
+                return JSONResponse({"error": "a valid refund body is required"}, status_code=400)
+            slot: _Slot = request.scope[FAULT_SLOT]
+            slot.fault, slot.hold = self._next_fault()
+            if slot.fault is Fault.DROP_BEFORE_COMMIT:
+                raise _Drop  # rolled back, the key released: as if it never arrived
+            if slot.fault is Fault.HOLD_BEFORE_COMMIT and slot.hold is not None:
+                slot.hold.reached.set()
+                await asyncio.to_thread(slot.hold.released.wait, HOLD_LIMIT_S)
+            context = context_of(request.scope)
+            session = await context.session()
+            account, key = _account(request.headers.get("x-account")), context.key
+            row_id = (
+                await session.execute(
+                    refunds_table.insert()
+                    .values(account=account, idempotency_key=key, status="succeeded", **body)
+                    .returning(refunds_table.c.id)
+                )
+            ).scalar_one()
+            refund = {"id": f"re_{row_id:06d}", "account": account, **body}
+            refund |= {"idempotency_key": key, "status": "succeeded"}
+            await outbox.add_async(
+                session,
+                new_event(
+                    "provider.refund.created",
+                    "/payment-provider",
+                    {"id": refund["id"], "account": account, "charge_id": body["charge_id"]},
+                    partitionkey=body["charge_id"],
+                ),
+            )
+            return JSONResponse(refund, status_code=201)
+
+        async def list_refunds(request: Request) -> JSONResponse:
+            account = _account(request.headers.get("x-account"))
+            key = request.query_params.get("idempotency_key")
+            query = select(refunds_table).where(refunds_table.c.account == account)
+            if key:
+                query = query.where(refunds_table.c.idempotency_key == key)
+            async with sessions() as session:
+                found = [_refund(row) for row in await session.execute(query.order_by("id"))]
+                record = await keys.lookup(session, account, key) if key else None
+            in_flight = bool(record and record.in_flight)
+            return JSONResponse({"count": len(found), "refunds": found, "in_flight": in_flight})
+
+        api = Starlette(
+            routes=[
+                Route("/refunds", create_refund, methods=["POST"]),
+                Route("/refunds", list_refunds, methods=["GET"]),
             ]
-            entry = self._entries.get((account, key)) if key else None
-            return {
-                "count": len(refunds),
-                "refunds": refunds,
-                "in_flight": bool(entry and entry.in_flight),
-            }
+        )
+        idempotent = IdempotencyMiddleware(
+            api,
+            engine=engine,
+            routes=["POST /refunds"],
+            scope_of=_scope_of,
+            on_outcome=self._count,
+            **self._key_options,
+        )
+        return _FaultLayer(idempotent)
+
+    def _next_fault(self) -> tuple[Fault | None, Hold | None]:
+        with self._lock:
+            return self._faults.popleft() if self._faults else (None, None)
+
+    def _count(self, outcome: Outcome) -> None:
+        with self._lock:
+            if outcome is Outcome.REPLAYED:
+                self.replays += 1
+            elif outcome is Outcome.CONFLICT:
+                self.conflicts += 1
+            elif outcome is Outcome.IN_PROGRESS:
+                self.in_flight_rejections += 1
 
 
-class _Drop(Exception):
-    """Close the connection without a reply."""
+class _FaultLayer:
+    """Applies a request's AFTER_COMMIT fault once the idempotency middleware has committed
+    (it answers only after its commit), and turns ``_Drop`` into a dropped connection."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        slot = scope[FAULT_SLOT] = _Slot()
+
+        async def faulty_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                if slot.fault is Fault.DROP_AFTER_COMMIT:
+                    raise _Drop
+                if slot.fault is Fault.HOLD_AFTER_COMMIT and slot.hold is not None:
+                    slot.hold.reached.set()
+                    await asyncio.to_thread(slot.hold.released.wait, HOLD_LIMIT_S)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, faulty_send)
+        except _Drop:
+            # uvicorn closes a connection whose response started and then failed: the client
+            # reads a status line and a body cut short, i.e. no usable reply
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-length", b"1")],
+                }
+            )
+            raise
 
 
-def _handler_for(provider: PaymentProvider) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+def _scope_of(request: RequestInfo) -> str:
+    return _account(request.headers.get("x-account"))
 
-        def do_POST(self) -> None:
-            if urlsplit(self.path).path != "/refunds":
-                self._reply(404, {"error": "not found"})
-                return
-            key = self.headers.get("Idempotency-Key")
-            account = self.headers.get("X-Account", "default")
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = _valid_body(raw)
-            if not key or body is None:
-                self._reply(400, {"error": "Idempotency-Key and a valid refund body required"})
-                return
-            try:
-                status, response, replayed = provider._create(account, key, body)
-            except _Drop:
-                self._drop()
-                return
-            self._reply(status, response, {"Idempotent-Replay": "true"} if replayed else {})
 
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            if url.path != "/refunds":
-                self._reply(404, {"error": "not found"})
-                return
-            key = parse_qs(url.query).get("idempotency_key", [None])[0]
-            account = self.headers.get("X-Account", "default")
-            self._reply(200, provider._lookup(account, key))
+def _account(header: str | None) -> str:
+    return header or "default"
 
-        def _reply(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
-            payload = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(payload)
-            except OSError:
-                self.close_connection = True  # the client went away while we were held
 
-        def _drop(self) -> None:
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet: tests and the demo print what matters
-
-    return Handler
+def _refund(row: Any) -> dict[str, Any]:
+    return {
+        "id": f"re_{row.id:06d}",
+        "account": row.account,
+        "charge_id": row.charge_id,
+        "amount_cents": row.amount_cents,
+        "currency": row.currency,
+        "idempotency_key": row.idempotency_key,
+        "status": row.status,
+    }
 
 
 def _valid_body(raw: bytes) -> dict[str, Any] | None:
+    import json
+
     try:
         body = json.loads(raw)
     except ValueError:
@@ -253,3 +375,17 @@ def _valid_body(raw: bytes) -> dict[str, Any] | None:
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         return None
     return {"charge_id": body["charge_id"], "amount_cents": amount, "currency": body["currency"]}
+
+
+class _DropFilter(logging.Filter):
+    """Keeps uvicorn from logging an injected drop as an application error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, _Drop)
+
+
+def _quiet_drops() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DropFilter) for f in logger.filters):
+        logger.addFilter(_DropFilter())

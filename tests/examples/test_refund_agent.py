@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -47,7 +48,8 @@ def call(url: str, method: str, path: str, body=None, headers=None):
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, path, body=payload, headers=headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), json.loads(response.read())
+        names = {name.lower(): value for name, value in response.getheaders()}  # any case
+        return response.status, names, json.loads(response.read())
     finally:
         connection.close()
 
@@ -63,9 +65,9 @@ def lookup(url: str, key: str, account: str = "acme"):
 async def test_provider_replays_refuses_and_scopes_keys_per_account() -> None:
     with PaymentProvider() as provider:
         status, headers, first = refund(provider.url, "k1")
-        assert status == 201 and "Idempotent-Replay" not in headers
+        assert status == 201 and "idempotent-replay" not in headers
         status, headers, replay = refund(provider.url, "k1")
-        assert (status, headers.get("Idempotent-Replay"), replay) == (201, "true", first)
+        assert (status, headers.get("idempotent-replay"), replay) == (201, "true", first)
         status, _, _ = refund(provider.url, "k1", {**BODY, "amount_cents": 501})
         assert status == 422
         status, _, other = refund(provider.url, "k1", account="globex")
@@ -198,3 +200,21 @@ async def test_a_model_repeating_its_tool_call_gets_the_stored_refund(db_url: st
         assert first.content == Refund.model_validate(provider.refunds()[0])
         assert provider.refund_count() == 1 and provider.replays == 0
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]
+
+
+async def test_provider_keys_expire_after_24_hours_by_its_clock(db_url: str) -> None:
+    now = [time.time()]
+    with PaymentProvider(db_url=db_url, clock=lambda: now[0]) as provider:
+        _, _, first = refund(provider.url, "k1")
+        now[0] += 24 * 3600 - 1
+        _, headers, replay = refund(provider.url, "k1")
+        assert headers.get("idempotent-replay") == "true" and replay == first
+        assert refund(provider.url, "k1", {**BODY, "amount_cents": 7})[0] == 422
+        now[0] += 1  # a day after the first request: the key names a new refund
+        status, headers, second = refund(provider.url, "k1", {**BODY, "amount_cents": 7})
+        assert status == 201 and "idempotent-replay" not in headers
+        assert second["id"] != first["id"] and second["amount_cents"] == 7
+        assert provider.refund_count("acme") == 2
+        assert (provider.replays, provider.conflicts) == (1, 1)
+        _, _, found = lookup(provider.url, "k1")
+        assert found["count"] == 2 and found["in_flight"] is False
