@@ -15,6 +15,7 @@ import traceback
 from enum import StrEnum
 from pathlib import Path
 
+from aiokafka.errors import KafkaConnectionError
 from outboxkit.outbox.errors import OutboxError, PermanentError, TransientError
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -66,6 +67,16 @@ def classify(error: BaseException) -> Category:
     ):
         return Category.TRANSIENT
     return Category.UNKNOWN
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says a dependency cannot be reached now (the broker, the database),
+    as opposed to a mistake that waiting cannot mend (a missing table, a bad option)."""
+    if isinstance(error, KafkaConnectionError | OSError | asyncio.TimeoutError):
+        return True
+    return isinstance(error, OperationalError) or (
+        isinstance(error, DBAPIError) and error.connection_invalidated
+    )
 
 
 def sqlstate(error: DBAPIError) -> str | None:

@@ -23,14 +23,16 @@ from aiokafka.errors import IllegalStateError
 from outboxkit.consumers.app import ConsumerApp
 from outboxkit.consumers.apply import Applier
 from outboxkit.consumers.dlq import DeadLetterDelivery, DeadLetterPublisher
-from outboxkit.consumers.errors import ConsumerError, StopTimeoutError
+from outboxkit.consumers.errors import ConsumerError, StopTimeoutError, unreachable
 from outboxkit.consumers.in_flight import HandlerCall
 from outboxkit.consumers.inbox import retain_inbox
 from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
 from outboxkit.consumers.signals import StopSignals
 from outboxkit.consumers.tracing import HandlerTelemetry
+from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.readiness import Readiness
 from sqlalchemy import inspect, text
@@ -130,7 +132,8 @@ class ConsumerRuntime:
         """Connect to the database and Kafka, join the group, and consume in the background.
 
         Raises :class:`ConsumerError` when the inbox table is missing, or the client's error
-        when a dependency is unreachable; nothing stays open then.
+        when a dependency is unreachable; nothing stays open then, and after an unreachable
+        dependency ``start()`` may be called again (:func:`serve` waits that way).
         """
         async with self._lifecycle:
             if self._opened or self._closed:
@@ -138,9 +141,17 @@ class ConsumerRuntime:
             self._opened = True
             try:
                 await self._open()
-            except BaseException:
+            except BaseException as error:
                 await self._close()
+                if unreachable(error):
+                    self._rearm()  # nothing was started: start() may be tried again
                 raise
+
+    def _rearm(self) -> None:
+        """Forget a start that failed before anything ran, so that start() can be tried again."""
+        self._opened = self._closed = self._stopping = False
+        self._owned_engine = None
+        self._consumer = self._offsets = self._dlq = None
 
     async def _open(self) -> None:
         if self._engine is None:
@@ -241,8 +252,10 @@ class ConsumerRuntime:
         return f"stop deadline of {self.stop_timeout_s:g} s passed: {summary}"
 
     async def run(self) -> None:
-        """Start, then wait until :meth:`stop` is done; raise what the work failed with."""
-        await self.start()
+        """Start (unless started already), then wait until :meth:`stop` is done; raise what the
+        work failed with."""
+        if self._running is None:
+            await self.start()
         running = self._running
         assert running is not None
         try:
@@ -519,7 +532,30 @@ async def serve(runtime: ConsumerRuntime, signals: StopSignals | None = None) ->
 
     signals.on_stop(on_signal)
     try:
-        await runtime.run()
+        if await _start_when_reachable(runtime, signals):
+            await runtime.run()
     finally:
         await asyncio.gather(*stopping)
     return runtime.stats
+
+
+async def _start_when_reachable(runtime: ConsumerRuntime, signals: StopSignals) -> bool:
+    """Start ``runtime``, waiting with backoff while the broker or the database is unreachable
+    (one log line per cause, ``/readyz`` not ready meanwhile); False if stopped first."""
+    health = DependencyHealth(f"consumer {runtime.app.name}: kafka or database", log=log)
+    backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
+    while not signals.requested:
+        try:
+            await runtime.start()
+        except Exception as error:
+            if not unreachable(error):
+                raise
+            delay = backoff.delay(health.failed(error))
+            deadline = asyncio.get_running_loop().time() + delay
+            while not signals.requested and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(min(0.1, delay))
+            continue
+        health.succeeded()
+        return True
+    log.info("consumer %s: stop requested while waiting to start; not started", runtime.app.name)
+    return False

@@ -14,6 +14,7 @@ is made, and the age of a dead letter is measured on this machine's clock.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -271,12 +272,18 @@ def _dlq_json(dlq: DeadLetters) -> dict[str, Any]:
     return {"status": PARTIAL if partial else OK, "topics": topics}
 
 
-def cause_line(error: BaseException, secrets: Iterable[str] = ()) -> str:
-    """``error`` as one line for an operator: whitespace folded, each secret masked, capped."""
+def cause_line(
+    error: BaseException, secrets: Iterable[str] = (), replace: tuple[str, str] | None = None
+) -> str:
+    """``error`` as one line for an operator: whitespace folded, ``replace`` applied (e.g. the
+    driver's URL by the operator's), each secret masked where it stands as a word, capped."""
     text = " ".join(str(error).split()) or type(error).__name__
+    if replace is not None:
+        text = text.replace(*replace)
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "***")
+            # as a word only: a password "postgres" must not turn "postgresql://" into "***ql://"
+            text = re.sub(rf"(?<![\w]){re.escape(secret)}(?![\w])", "***", text)
     if len(text) > MAX_CAUSE_CHARS:
         text = text[: MAX_CAUSE_CHARS - 1] + "…"
     return text
@@ -351,7 +358,7 @@ async def _read_database(
     except OpsError as error:
         # The URL as the operator gave it (password hidden), not the driver's spelling of it.
         engine_url = engine.url.render_as_string(hide_password=True)
-        return Unreachable(cause_line(error, secrets).replace(engine_url, shown_url))
+        return Unreachable(cause_line(error, secrets, replace=(engine_url, shown_url)))
 
 
 async def _read_kafka(

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from outboxkit.outbox.db import is_missing_table, make_async_engine, require_tables
 from outboxkit.outbox.errors import NotMigratedError
+from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.readiness import Readiness
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
-from outboxkit.relay.health import DependencyHealth
 from outboxkit.relay.leases import ShardLeases
 from outboxkit.relay.notify import CommitListener
 from outboxkit.relay.options import RelayOptions
@@ -99,8 +99,8 @@ class Relay:
         # What /readyz answers (outbox/metrics_server.py): ready while it holds a shard lease
         # and its last database and Kafka round trips worked.
         self.readiness = Readiness(assigned_what="shard_leases", min_assigned=1)
-        self.database = DependencyHealth("database", self.readiness.mark_database)
-        self.kafka = DependencyHealth("kafka", self.readiness.mark_broker)
+        self.database = DependencyHealth("database", self.readiness.mark_database, log)
+        self.kafka = DependencyHealth("kafka", self.readiness.mark_broker, log)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._until_drained = False

@@ -21,7 +21,7 @@ from outboxkit.cli.errors import EXIT_STOPPED_STUCK
 from outboxkit.consumers import ConsumerApp, dlq_headers
 from outboxkit.outbox import RetryPolicy, TransientError
 from outboxkit.outbox.backoff import Backoff
-from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.kafka import KafkaBroker, create_topic
 from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -279,3 +279,31 @@ async def test_sigterm_with_a_stuck_handler_exits_4_naming_it(
     stuck = re.search(r"stop deadline passed: widget.created handler \S+ on (\S+)", text)
     assert stuck is not None, text
     assert stuck.group(1) == f"{topic}[0]@0"
+
+
+@pytest.mark.timeout(240)
+async def test_a_consumer_started_while_the_broker_is_down_waits_then_applies(
+    pg_url: str, own_kafka: KafkaBroker, topic: str, tmp_path: Path
+) -> None:
+    """A long-running consumer retries its start with backoff, logging the cause once, instead
+    of exiting; once the broker is back it applies every event once."""
+    create_effects_table(pg_url)
+    await create_topic(own_kafka.bootstrap, topic, partitions=2)
+    await produce(own_kafka.bootstrap, topic, [binary_record(widget(n)) for n in range(20)])
+    own_kafka.stop()
+    log = tmp_path / "consume.log"
+    args = consume_args("tests.support.consumer_apps:effects_app", pg_url, own_kafka.bootstrap)
+    process = start_cli(args, log, env={"OUTBOXKIT_TEST_TOPIC": topic})
+    try:
+        await wait_for_line(process, log, r"kafka or database unavailable: .*; retrying")
+        own_kafka.start()
+        await wait_for(lambda: len(effect_rows(pg_url)), lambda n: n >= 20, 120, "20 effects")
+        await wait_for_line(process, log, "consumer effects started")
+    finally:
+        code = terminate(process)
+    text = log.read_text()
+    assert code == 0, text
+    assert sorted(row.n for row in effect_rows(pg_url)) == list(range(20))
+    causes = re.findall(r"kafka or database unavailable: (.*); retrying", text)
+    assert len(causes) == len(set(causes)) <= 2, causes  # one line per cause, not per attempt
+    assert "available again after" in text

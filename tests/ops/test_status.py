@@ -17,7 +17,9 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from outboxkit.actions import ActionOutcomeUnknownError, ActionStore, run_action
 from outboxkit.actions.tables import agent_operations
 from outboxkit.consumers.tables import inbox_events
+from outboxkit.ops.access import OpsError
 from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.status import cause_line
 from outboxkit.outbox import Outbox, OutcomeUnknownError, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
@@ -446,3 +448,11 @@ async def test_watch_redraws_in_place_until_ctrl_c(
     assert re.search(r"outbox: backlog 3, oldest unpublished 2m\d\ds old", output)
     assert "consumer lag: unreachable: kafka at 127.0.0.1:1 unreachable" in output
     assert "unreachable: kafka at 127.0.0.1:1" in output
+
+
+def test_a_cause_masks_the_password_as_a_word_and_shows_the_operators_url() -> None:
+    driver_url = "postgresql+asyncpg://postgres:***@127.0.0.1:1/x?sslmode=disable"
+    given_url = "postgresql://postgres:***@127.0.0.1:1/x"
+    error = OpsError(f"database {driver_url} unreachable: password postgres refused")
+    line = cause_line(error, ["postgres"], replace=(driver_url, given_url))
+    assert line == "database postgresql://***:***@127.0.0.1:1/x unreachable: password *** refused"

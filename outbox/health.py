@@ -1,11 +1,10 @@
-"""One log line per change of a dependency's state, not one per failed attempt."""
+"""One log line per change of a dependency's state, not one per failed attempt (the relay's
+database and broker, a consumer waiting for its dependencies to start)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-
-log = logging.getLogger("outboxkit.relay")
 
 
 class DependencyHealth:
@@ -13,8 +12,14 @@ class DependencyHealth:
     the first failure, each change of its cause (a rejected password after an outage, say),
     and the recovery."""
 
-    def __init__(self, name: str, on_change: Callable[[bool, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_change: Callable[[bool, str], None] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
         self.name = name
+        self._log = log or logging.getLogger("outboxkit")
         self.failures = 0
         self.cause: str | None = None
         self._on_change = on_change  # told (ok, error class) after every attempt: readiness
@@ -33,7 +38,7 @@ class DependencyHealth:
         cause = f"{type(error).__name__} {reason}".strip()
         if cause != self.cause:
             self.cause = cause
-            log.warning("%s unavailable: %s; retrying", self.name, cause)
+            self._log.warning("%s unavailable: %s; retrying", self.name, cause)
         return self.failures
 
     def succeeded(self) -> None:
@@ -41,6 +46,6 @@ class DependencyHealth:
         if self._on_change is not None:
             self._on_change(True, "")
         if self.failures:
-            log.info("%s available again after %d failed attempts", self.name, self.failures)
+            self._log.info("%s available again after %d failed attempts", self.name, self.failures)
         self.failures = 0
         self.cause = None
