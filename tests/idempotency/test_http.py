@@ -13,6 +13,7 @@ import httpx
 from outboxkit.idempotency import IdempotencyStore, Outcome
 from outboxkit.idempotency.tables import http_idempotency_keys
 from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.testing.kafka import create_topic
@@ -80,7 +81,8 @@ async def test_twenty_identical_requests_at_once_make_one_effect_and_one_event(
     assert controls.calls == 1
     assert count_payments(db_url) == 1
     assert count(db_url, outbox_events) == 1
-    async with Relay(db_url=db_url, bootstrap=kafka_bootstrap, options=FAST) as relay:
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    async with Relay(db_url=db_url, kafka=kafka, options=FAST) as relay:
         await relay.drain(timeout_s=60)
     records = await read_topic(kafka_bootstrap, topic, expected=1, timeout=20)
     assert len(records) == 1
