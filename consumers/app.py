@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.consumers.decoding import DecodedEvent
 from outboxkit.consumers.dlq import DEFAULT_DLQ_TOPIC
 from outboxkit.consumers.inbox import DEFAULT_RETENTION_S
 from outboxkit.consumers.metrics import HANDLER_SECONDS
@@ -89,7 +90,8 @@ class Handler:
 
     def bind(self, event: CloudEvent, record: Any) -> dict[str, Any]:
         """Build the non-session arguments from ``event`` and the aiokafka ``record`` it came
-        in; raises pydantic's ``ValidationError`` on bad data."""
+        in; raises pydantic's ``ValidationError`` on bad data (and the decoder's
+        ``InvalidJSONError`` on invalid JSON a model was to read)."""
         arguments: dict[str, Any] = {}
         for param in self.params:
             if param.kind == "event":
@@ -97,7 +99,7 @@ class Handler:
             elif param.kind == "record":
                 arguments[param.name] = KafkaRecord.of(record)
             elif param.kind == "model":
-                arguments[param.name] = _validate(param.model, event.get_data())
+                arguments[param.name] = _validate(param.model, event)
         return arguments
 
     async def call(self, session: AsyncSession, arguments: dict[str, Any]) -> None:
@@ -144,8 +146,11 @@ class Handler:
             await asyncio.to_thread(functools.partial(self.func, **arguments))
 
 
-def _validate(model: type[BaseModel] | None, data: Any) -> BaseModel:
+def _validate(model: type[BaseModel] | None, event: CloudEvent) -> BaseModel:
     assert model is not None
+    if isinstance(event, DecodedEvent):
+        return event.validate_data(model)  # JSON data straight from the record's bytes
+    data = event.get_data()
     if isinstance(data, bytes | str):
         return model.model_validate_json(data)
     return model.model_validate(data)

@@ -24,7 +24,7 @@ from typing import Any, Final
 from aiokafka import ConsumerRecord
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers.app import ConsumerApp, Handler
-from outboxkit.consumers.decoding import decode_record
+from outboxkit.consumers.decoding import decode_lazily
 from outboxkit.consumers.dlq import DeadLetter, dead_letter_for
 from outboxkit.consumers.errors import (
     Category,
@@ -46,7 +46,7 @@ log = logging.getLogger("outboxkit.consumer")
 CAREFUL_CHUNK = 50
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per record, and frozen init costs more
 class _Run:
     """A record ready to apply: its handler, event attributes and bound arguments."""
 
@@ -163,15 +163,16 @@ class Applier:
         Raises a permanent error for an undecodable record, invalid data, or an unhandled type
         when those are dead-lettered.
         """
-        event = decode_record(record.headers, record.value)
+        event = decode_lazily(record.headers, record.value)
         handler = self.app.handler_for(record.topic, event.get_type())
         if handler is None:
+            event.check_data()  # invalid JSON is refused whoever would have read it
             if self.app.unhandled == "skip":
                 return _SKIP
             raise NoHandlerError(f"no handler for this event type on topic {record.topic!r}")
-        return _Run(
-            handler, event.get_source(), event.get_id(), handler.bind(event, record), record, event
-        )
+        arguments = handler.bind(event, record)  # a model validates JSON data from the bytes
+        event.check_data()  # ... and when none did, it is parsed now
+        return _Run(handler, event.get_source(), event.get_id(), arguments, record, event)
 
     def _step(self, record: ConsumerRecord) -> _Step:
         """:meth:`_prepare`, with a failure returned instead of raised."""

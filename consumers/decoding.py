@@ -16,6 +16,16 @@ JSON event format, not the Python SDK's readers, which differ from them in ways 
 - Data of a JSON content type (or of none) must be valid JSON (the SDK silently returns a string
   otherwise). The Python type of data depends on its content type only, the same in both modes:
   JSON is parsed, ``text/*`` is ``str`` (``bytes`` if it is not UTF-8), anything else ``bytes``.
+
+The attributes are checked here against the rules of the SDK's ``CloudEvent`` constructor
+(:func:`invalid_attributes`), and the event is a :class:`DecodedEvent`: a ``CloudEvent`` that
+answers from what was checked instead of validating everything a second time (that constructor
+cost as much as the rest of decoding together). :func:`decode_lazily` (the runtime's reader)
+leaves binary-mode JSON data unparsed until it is asked for: a pydantic model validates it
+straight from the bytes (:meth:`DecodedEvent.validate_data`), and
+:meth:`DecodedEvent.check_data` parses it when nothing did, so invalid JSON is refused before
+any handler runs either way. ``tests/consumers/test_decoding.py`` holds all of it to the SDK:
+the same attributes refused, the same event read, eagerly and lazily.
 """
 
 from __future__ import annotations
@@ -27,13 +37,13 @@ import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.v1.event import CloudEvent
 from dateutil.parser import isoparse
 from outboxkit.consumers.tables import EVENT_ID_MAX, SOURCE_MAX
 from outboxkit.outbox.errors import PermanentError
+from pydantic import BaseModel, ValidationError
 
 CE_PREFIX = "ce_"
 CONTENT_TYPE = "content-type"
@@ -42,14 +52,19 @@ STRUCTURED_JSON = "application/cloudevents+json"
 REQUIRED = ("specversion", "id", "source", "type")
 # Context attributes whose type is String, URI, URI-reference or URI-template: JSON strings.
 STRING_ATTRIBUTES = frozenset({*REQUIRED, "datacontenttype", "dataschema", "subject"})
-_REQUIRED_HEADERS = tuple(CE_PREFIX + name for name in REQUIRED)
 SPECVERSION = "1.0"
 TIME = "time"
+
+# The SDK's rules (cloudevents.core.v1.event.CloudEvent._validate_attribute), mirrored exactly.
+_NON_EMPTY_STRINGS = frozenset({"id", "source", "type"})
+_OPTIONAL_STRINGS = frozenset({"subject", "datacontenttype", "dataschema"})
+_EXTENSION_NAME = re.compile(r"^[a-z0-9]+$")
 
 _JSON_CONTENT_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9.+-]+\+)?json(;.*)?$")
 _INT32 = range(-(2**31), 2**31)
 
 Headers = Sequence[tuple[str, bytes | None]]
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class DecodeError(PermanentError):
@@ -82,11 +97,122 @@ def is_json_content_type(content_type: str | None) -> bool:
     return content_type is None or bool(_JSON_CONTENT_TYPE.match(content_type.strip()))
 
 
-def decode_record(headers: Headers, value: bytes | None) -> CloudEvent:
+class DecodedEvent(CloudEvent):
+    """A CloudEvents 1.0 event read from a Kafka record, its attributes checked by the decoder.
+
+    It is a ``CloudEvent`` (the SDK's class) and answers every getter of the SDK's
+    ``BaseCloudEvent`` protocol from the attributes and data the decoder checked, without the
+    SDK constructor's second validation or its defaults (an absent ``time`` stays absent).
+    """
+
+    __slots__ = ("_checked", "_checked_data", "_json_data", "_json_valid")
+
+    def __init__(
+        self, attributes: dict[str, Any], data: Any, json_data: bytes | None = None
+    ) -> None:
+        # The base constructor is not called on purpose: see the class docstring.
+        self._checked = attributes
+        self._checked_data = data
+        # JSON data not parsed yet (decode_lazily), and whether a model read it as valid JSON.
+        self._json_data = json_data
+        self._json_valid = False
+
+    def get_id(self) -> str:
+        """The ``id`` attribute."""
+        return self._checked["id"]  # type: ignore[no-any-return]
+
+    def get_source(self) -> str:
+        """The ``source`` attribute."""
+        return self._checked["source"]  # type: ignore[no-any-return]
+
+    def get_type(self) -> str:
+        """The ``type`` attribute."""
+        return self._checked["type"]  # type: ignore[no-any-return]
+
+    def get_specversion(self) -> str:
+        """The ``specversion`` attribute (always ``1.0``)."""
+        return self._checked["specversion"]  # type: ignore[no-any-return]
+
+    def get_datacontenttype(self) -> str | None:
+        """The ``datacontenttype`` attribute, if sent."""
+        return self._checked.get("datacontenttype")
+
+    def get_dataschema(self) -> str | None:
+        """The ``dataschema`` attribute, if sent."""
+        return self._checked.get("dataschema")
+
+    def get_subject(self) -> str | None:
+        """The ``subject`` attribute, if sent."""
+        return self._checked.get("subject")
+
+    def get_time(self) -> datetime | None:
+        """The ``time`` attribute, if sent."""
+        return self._checked.get(TIME)
+
+    def get_extension(self, extension_name: str) -> Any:
+        """The value of an extension attribute (any attribute, in fact), or ``None``."""
+        return self._checked.get(extension_name)
+
+    def get_data(self) -> Any:
+        """The data: parsed JSON, ``str`` or ``bytes`` by content type, ``None`` if none.
+
+        Raises :class:`InvalidJSONError` if JSON data left unparsed is not valid JSON (only
+        before :meth:`check_data`, which the runtime calls before any handler runs).
+        """
+        if self._json_data is not None:
+            self._checked_data = _check_json(self._json_data, "data")
+            self._json_data = None
+        return self._checked_data
+
+    def check_data(self) -> None:
+        """Refuse data of a JSON content type that is not valid JSON (:class:`InvalidJSONError`),
+        parsing it now unless a model already validated it from the bytes."""
+        if self._json_data is not None and not self._json_valid:
+            self.get_data()
+
+    def validate_data(self, model: type[Model]) -> Model:
+        """The data validated into ``model``; pydantic's ``ValidationError`` if it does not fit.
+
+        JSON data not parsed yet is validated straight from its bytes (pydantic's JSON mode, no
+        Python objects in between). If that fails, the data is parsed and validated as before
+        (Python mode), so the error is the one the data deserves: :class:`InvalidJSONError` for
+        invalid JSON, else pydantic's.
+        """
+        if self._json_data is not None:
+            try:
+                validated = model.model_validate_json(self._json_data)
+            except ValidationError:
+                pass
+            else:
+                self._json_valid = True
+                return validated
+        data = self.get_data()
+        if isinstance(data, bytes | str):
+            return model.model_validate_json(data)
+        return model.model_validate(data)
+
+    def get_attributes(self) -> dict[str, Any]:
+        """Every attribute, by name."""
+        return self._checked
+
+
+def decode_record(headers: Headers, value: bytes | None) -> DecodedEvent:
     """Decode a Kafka record's headers and value into a CloudEvents 1.0 event.
 
     The record's key is not part of the event (see the module's notes). Raises a
     :class:`DecodeError` subclass, whose message never quotes the payload.
+    """
+    event = decode_lazily(headers, value)
+    event.check_data()
+    return event
+
+
+def decode_lazily(headers: Headers, value: bytes | None) -> DecodedEvent:
+    """:func:`decode_record`, every check made but one: JSON data of a binary-mode record is
+    left unparsed until the event's :meth:`~DecodedEvent.validate_data`,
+    :meth:`~DecodedEvent.check_data` or ``get_data`` reads it.
+
+    Call ``check_data`` (after validating the models that want the data) before trusting it.
     """
     relevant = _relevant_headers(headers)
     content_type = relevant.get(CONTENT_TYPE)
@@ -98,18 +224,41 @@ def decode_record(headers: Headers, value: bytes | None) -> CloudEvent:
     return event
 
 
+def invalid_attributes(attributes: dict[str, Any]) -> list[str]:
+    """The names of ``attributes`` the SDK's ``CloudEvent`` constructor refuses, sorted.
+
+    Its rules: ``id``, ``source`` and ``type`` non-empty strings, ``specversion`` ``"1.0"``,
+    ``time`` a datetime with a time zone, ``subject``, ``datacontenttype`` and ``dataschema``
+    non-empty strings, any other name matching ``^[a-z0-9]+$`` (as ``re.match`` reads it) and
+    not ``data``. Required attributes that are absent are the caller's to report.
+    """
+    invalid = []
+    for name, value in attributes.items():
+        if name in _NON_EMPTY_STRINGS or name in _OPTIONAL_STRINGS:
+            bad = not value or not isinstance(value, str)
+        elif name == "specversion":
+            bad = not isinstance(value, str) or value != SPECVERSION
+        elif name == TIME:
+            bad = not isinstance(value, datetime) or not value.tzinfo
+        else:
+            bad = name == "data" or not _EXTENSION_NAME.match(name)
+        if bad:
+            invalid.append(name)
+    return sorted(invalid)
+
+
 def _relevant_headers(headers: Headers) -> dict[str, str]:
     # Only ce_* and content-type matter; other headers (tracing, the producer's own) may hold
     # anything, including bytes that are not UTF-8, and must not break decoding.
     relevant: dict[str, str] = {}
     for raw_name, raw_value in headers:
         name = raw_name.lower()
-        if not (name.startswith(CE_PREFIX) or name == CONTENT_TYPE):
+        if name[:3] != CE_PREFIX and name != CONTENT_TYPE:
             continue
         if name in relevant:
             raise InvalidAttributeError(f"header {name!r} appears more than once")
         try:
-            relevant[name] = (raw_value or b"").decode("utf-8")
+            relevant[name] = raw_value.decode("utf-8") if raw_value else ""
         except UnicodeDecodeError:
             raise InvalidAttributeError(f"header {name!r} is not valid UTF-8") from None
     return relevant
@@ -117,29 +266,32 @@ def _relevant_headers(headers: Headers) -> dict[str, str]:
 
 def _decode_binary(
     headers: dict[str, str], value: bytes | None, content_type: str | None
-) -> CloudEvent:
+) -> DecodedEvent:
     """Binary mode: each ``ce_`` header is an attribute (its value a string, ``time`` parsed),
     ``content-type`` is ``datacontenttype``, the value is the data."""
-    if not all(headers.get(name) for name in _REQUIRED_HEADERS):
+    get = headers.get
+    if not (get("ce_specversion") and get("ce_id") and get("ce_source") and get("ce_type")):
         if not any(name.startswith(CE_PREFIX) for name in headers):
             raise NotACloudEventError(
                 "no ce_ headers and no application/cloudevents content-type: not a CloudEvent"
             )
         missing = [name for name in REQUIRED if not headers.get(CE_PREFIX + name)]
         raise MissingAttributesError(f"missing CloudEvents attribute(s): {', '.join(missing)}")
-    if headers[CE_PREFIX + "specversion"] != SPECVERSION:
+    if headers["ce_specversion"] != SPECVERSION:
         raise InvalidAttributeError("unsupported specversion: only 1.0 is accepted")
     attributes: dict[str, Any] = {}
     for name, text in headers.items():
-        if name.startswith(CE_PREFIX):
-            attribute = name[len(CE_PREFIX) :]
-            attributes[attribute] = _parse_time(text) if attribute == TIME else text
-        elif name == CONTENT_TYPE:
+        if name == CONTENT_TYPE:
             attributes["datacontenttype"] = text
+        else:
+            attribute = name[3:]
+            attributes[attribute] = _parse_time(text) if attribute == TIME else text
+    if value and is_json_content_type(content_type):
+        return _build(attributes, None, value)
     return _build(attributes, _data_from_bytes(value, content_type))
 
 
-def _decode_structured(content_type: str, value: bytes) -> CloudEvent:
+def _decode_structured(content_type: str, value: bytes) -> DecodedEvent:
     """Structured mode, JSON event format: the envelope holds every attribute and the data."""
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type != STRUCTURED_JSON:
@@ -236,29 +388,14 @@ def _check_json(value: bytes, what: str) -> Any:
         raise InvalidJSONError(f"{what} is JSON nested too deeply to parse") from None
 
 
-def _build(attributes: dict[str, Any], data: Any) -> CloudEvent:
-    sent_time = TIME in attributes
-    try:
-        event = CloudEvent(attributes, data)
-    except BaseCloudEventException as error:
-        raise InvalidAttributeError(_attribute_problem(error)) from None
-    except (ValueError, TypeError):
-        raise InvalidAttributeError("an attribute has an invalid value") from None
-    if not sent_time:
-        # The SDK's constructor stamps an event without 'time' with the moment it was built;
-        # 'time' is optional, and an attribute the producer did not send must not appear.
-        event.get_attributes().pop(TIME, None)
-    return event
+def _build(attributes: dict[str, Any], data: Any, json_data: bytes | None = None) -> DecodedEvent:
+    invalid = invalid_attributes(attributes)
+    if invalid:
+        raise InvalidAttributeError(f"invalid CloudEvents attribute(s): {', '.join(invalid)}"[:300])
+    return DecodedEvent(attributes, data, json_data)
 
 
-def _attribute_problem(error: BaseCloudEventException) -> str:
-    names = sorted(getattr(error, "errors", {}) or [])
-    if names:
-        return f"invalid CloudEvents attribute(s): {', '.join(names)}"[:300]
-    return "invalid CloudEvents attributes"
-
-
-def _check_sizes(event: CloudEvent) -> None:
+def _check_sizes(event: DecodedEvent) -> None:
     if len(event.get_source()) > SOURCE_MAX:
         raise InvalidAttributeError(f"'source' is longer than {SOURCE_MAX} characters")
     if len(event.get_id()) > EVENT_ID_MAX:

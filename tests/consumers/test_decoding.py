@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
+from aiokafka import ConsumerRecord
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, to_structured
+from cloudevents.core.exceptions import CloudEventValidationError
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from outboxkit.consumers import ConsumerApp
+from outboxkit.consumers.apply import Applier, _Failure, _Run
 from outboxkit.consumers.decoding import (
+    DecodedEvent,
     InvalidAttributeError,
     InvalidJSONError,
     MissingAttributesError,
     NotACloudEventError,
+    decode_lazily,
     decode_record,
+    invalid_attributes,
 )
+from outboxkit.consumers.metrics import ConsumerStats
+from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox import PermanentError, encode_binary, new_event
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 
 def binary(event: CloudEvent) -> tuple[list[tuple[str, bytes | None]], bytes | None, bytes]:
@@ -156,3 +170,182 @@ def test_binary_decoding_agrees_with_the_sdk_reader(data, happened, key, subject
     theirs = from_binary(message, JSONFormat(), CloudEvent)
     assert ours.get_attributes() == theirs.get_attributes()
     assert ours.get_data() == theirs.get_data()
+    # The runtime's own path: decoded lazily, its arguments bound by the handler (a model
+    # validated from the bytes, the event beside it) and checked, exactly as Applier does it.
+    for run in _prepared(headers, record_key, value):
+        event = run.arguments["event"]
+        assert event.get_attributes() == theirs.get_attributes()
+        assert event.get_data() == theirs.get_data()
+        if isinstance(theirs.get_data(), dict) and isinstance(theirs.get_data().get("n"), int):
+            assert run.arguments["item"] == Item.model_validate(theirs.get_data())
+
+
+class Item(BaseModel):
+    """What the handlers below validate the data into (fields absent or wrong: refused)."""
+
+    n: int
+
+
+def _applier(unhandled: str = "skip") -> Applier:
+    """An applier of two handlers of ``order.placed``: per event and batch, model and event."""
+    app = ConsumerApp(name="decoding", unhandled=unhandled)  # type: ignore[arg-type]
+
+    @app.handler("order.placed", topic="each")
+    async def each(item: Item, event: CloudEvent, session: AsyncSession) -> None: ...
+
+    @app.batch_handler("order.placed", topic="batch")
+    async def batch(item: list[Item], event: list[CloudEvent], session: AsyncSession) -> None: ...
+
+    @app.handler("order.placed", topic="event-only")
+    async def event_only(event: CloudEvent, session: AsyncSession) -> None: ...
+
+    return Applier(app, None, HandlerTelemetry("g", "decoding"), ConsumerStats())  # type: ignore[arg-type]
+
+
+def _record(topic: str, headers: Any, key: bytes | None, value: bytes | None) -> Any:
+    return ConsumerRecord(
+        topic, 0, 0, 0, 0, key, value, None, len(key or b""), len(value or b""), headers
+    )
+
+
+def _prepared(headers: Any, key: bytes | None, value: bytes | None) -> list[_Run]:
+    """The runs the runtime prepares for this record on each topic whose model it fits; the
+    event-only handler's run always (any valid data)."""
+    applier = _applier()
+    runs = []
+    for topic in ("each", "batch", "event-only"):
+        (step,) = applier.steps([_record(topic, headers, key, value)])
+        if isinstance(step, _Failure):
+            assert topic != "event-only", step.error
+            assert isinstance(step.error, ValidationError)
+            continue
+        assert isinstance(step, _Run)
+        runs.append(step)
+    return runs
+
+
+_JSONISH = st.lists(
+    st.sampled_from(
+        [
+            b"{",
+            b"}",
+            b"[",
+            b"]",
+            b",",
+            b":",
+            b'"n"',
+            b'"x"',
+            b"1",
+            b"-0",
+            b"1.5",
+            b"1e400",
+            b"NaN",
+            b"true",
+            b"null",
+            b" ",
+            b"\\",
+            b'"\\ud800"',
+            b"\xff",
+            b"\xef\xbb\xbf",
+            b'"\\u0000"',
+            b"\n",
+            b'"a\nb"',
+            b"01",
+            b'{"n": 1}',
+            b'{"n": "2"}',
+            b'{"n": 1.0}',
+            b'{"n": [1]}',
+        ]
+    ),
+    max_size=12,
+).map(b"".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_JSONISH | st.binary(max_size=20))
+def test_lazy_model_validation_agrees_with_parsing_first(value: bytes) -> None:
+    """A model validated straight from the bytes (pydantic's JSON mode) accepts and refuses
+    what parsing with ``json.loads`` and validating the result did, with the same error."""
+    headers, _, _ = binary(new_event("order.placed", "/s", {"n": 1}))
+    try:  # an empty value is an event without data (binding 3.2.2): None
+        expected: Any = Item.model_validate(json.loads(value) if value else None)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, ValidationError
+        expected = ValidationError if isinstance(error, ValidationError) else InvalidJSONError
+    except RecursionError:
+        expected = InvalidJSONError
+    lazy = decode_lazily(headers, value)
+    try:
+        got: Any = lazy.validate_data(Item)
+    except (ValidationError, InvalidJSONError) as error:
+        got = type(error) if isinstance(error, InvalidJSONError) else ValidationError
+    assert got == expected
+    if got == expected and isinstance(expected, Item):
+        assert lazy.get_data() == json.loads(value)  # parsed on demand: the same data
+    # And the runtime refuses the record before any handler runs, whichever handler it is.
+    if value.strip():
+        for topic in ("each", "event-only"):
+            (step,) = _applier().steps([_record(topic, headers, None, value)])
+            if expected is InvalidJSONError:
+                assert isinstance(step, _Failure) and isinstance(step.error, InvalidJSONError)
+
+
+def test_an_unhandled_record_with_invalid_json_is_still_refused() -> None:
+    headers, _, _ = binary(new_event("other.type", "/s", {"n": 1}))
+    (step,) = _applier("dead-letter").steps([_record("each", headers, None, b"{nope")])
+    assert isinstance(step, _Failure) and isinstance(step.error, InvalidJSONError)
+
+
+_NAMES = st.sampled_from(
+    [
+        "id",
+        "source",
+        "type",
+        "specversion",
+        "time",
+        "subject",
+        "datacontenttype",
+        "dataschema",
+        "data",
+        "ext1",
+        "Ext",
+        "my-ext",
+        "a",
+        "abc\n",
+        "ünï",
+        "x" * 30,
+    ]
+)
+_VALUES = st.one_of(
+    st.text(max_size=3),
+    st.sampled_from(["1.0", "0.3", ""]),
+    st.integers(-2, 2),
+    st.booleans(),
+    st.none(),
+    st.datetimes(timezones=st.none() | st.just(UTC)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(attributes=st.dictionaries(_NAMES, _VALUES, max_size=6))
+def test_attribute_rules_are_the_sdk_constructors(attributes: dict[str, Any]) -> None:
+    """The decoder checks attributes itself instead of through the SDK's constructor: it must
+    refuse exactly the names the constructor refuses."""
+    complete = {"id": "1", "source": "/s", "type": "t", "specversion": "1.0", "time": NOW}
+    complete.update(attributes)
+    try:
+        CloudEvent(dict(complete))
+        refused: list[str] = []
+    except CloudEventValidationError as error:
+        refused = sorted(error.errors)
+    assert invalid_attributes(complete) == refused
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_the_decoded_event_answers_every_getter_itself() -> None:
+    """It is built without the SDK constructor, so it must not fall back on the SDK's internal
+    state for any public method (a new getter in an SDK release fails here)."""
+    public = {name for name, _ in inspect.getmembers(CloudEvent, inspect.isfunction)}
+    public = {name for name in public if not name.startswith("_")}
+    assert public <= set(vars(DecodedEvent)), public - set(vars(DecodedEvent))
