@@ -159,6 +159,8 @@ class Claims:
             self._id_in("in_flight", negated=True),
         )
         limit: BindParameter[int] = bindparam("limit", type_=Integer)
+        # The clock is volatile, so it bounds no index scan; read once (an InitPlan), it does.
+        now_once = select(now).scalar_subquery()
         must_wait = case((rows.available_ms > now, 1), else_=0).label("must_wait")
         unscheduled = (
             select(rows.id, rows.kafka_key, rows.created_ms.label("due_ms"), must_wait, _NO)
@@ -169,7 +171,7 @@ class Claims:
         )
         due = (
             select(rows.id, rows.kafka_key, rows.deliver_at_ms.label("due_ms"), must_wait, _YES)
-            .where(*mine, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms <= now)
+            .where(*mine, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms <= now_once)
             .order_by(rows.deliver_at_ms, rows.id)
             .limit(limit)
             .subquery()
@@ -347,7 +349,11 @@ class Claims:
         rows = outbox_events.c
         earliest = (
             select(rows.deliver_at_ms, rows.shard)
-            .where(PENDING, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms > now)
+            .where(
+                PENDING,
+                rows.deliver_at_ms.is_not(None),
+                rows.deliver_at_ms > select(now).scalar_subquery(),  # bounds the index scan
+            )
             .order_by(rows.deliver_at_ms)
             .limit(NEXT_DUE_WINDOW)
             .subquery()
