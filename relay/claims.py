@@ -6,7 +6,9 @@ writes nothing. Settling marks published rows (or deletes them) and counts faile
 touching only rows still pending.
 
 Per-key order: a row whose earlier sibling (same Kafka key) is waiting for a retry blocks the
-rest of its key in that batch, so a key never overtakes itself.
+rest of its key in that batch, so a key never overtakes itself. "Earlier" is by due time, then
+id: a scheduled row (``deliver_at_ms``) is claimed only once due and never holds back its key
+before (docs/relay.md#scheduled-delivery).
 """
 
 from __future__ import annotations
