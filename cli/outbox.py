@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
 from outboxkit.cli.errors import CliError
@@ -15,6 +15,7 @@ from outboxkit.ops.formatting import format_age, format_ms, ops_console
 from outboxkit.ops.outbox_rows import (
     OutboxRow,
     RequeueRefused,
+    Which,
     count_rows,
     list_rows,
     requeue,
@@ -26,7 +27,9 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-outbox_app = typer.Typer(help="The outbox: parked and pending rows, requeue.", no_args_is_help=True)
+outbox_app = typer.Typer(
+    help="The outbox: pending, parked and scheduled rows, requeue.", no_args_is_help=True
+)
 
 T = TypeVar("T")
 ERROR_WIDTH = 80
@@ -53,52 +56,65 @@ def list_command(
     parked: bool = typer.Option(
         False, "--parked", help="Parked rows (oldest parked first); default: pending rows."
     ),
+    scheduled: bool = typer.Option(
+        False, "--scheduled", help="Rows scheduled for later (next due first), not yet due."
+    ),
     limit: int = typer.Option(1000, "--limit", min=1, help="Rows listed at most."),
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     timeout: float = TimeoutOption,
 ) -> None:
-    """List parked rows (--parked) or pending ones, without their payloads."""
+    """List pending rows (due now), or parked (--parked) or scheduled (--scheduled) ones,
+    without their payloads."""
+    if parked and scheduled:
+        raise CliError("give --parked or --scheduled, not both")
+    what: Which = "parked" if parked else "scheduled" if scheduled else "pending"
 
-    async def query(engine: AsyncEngine) -> tuple[list[OutboxRow], int, int]:
-        rows, now = await list_rows(engine, parked=parked, limit=limit)
-        total = len(rows) if len(rows) < limit else await count_rows(engine, parked=parked)
-        return rows, now, total
+    async def query(engine: AsyncEngine) -> tuple[list[OutboxRow], int, int, int]:
+        rows, now = await list_rows(engine, which=what, limit=limit)
+        total = len(rows) if len(rows) < limit else await count_rows(engine, which=what)
+        later = await count_rows(engine, which="scheduled") if what == "pending" else 0
+        return rows, now, total, later
 
-    rows, now, total = _run(db_url, timeout, query)
-    what = "parked" if parked else "pending"
+    rows, now, total, later = _run(db_url, timeout, query)
+    # Rows scheduled for later are not backlog: the pending view names their count apart.
+    aside = f" ({later} more scheduled for later: --scheduled)" if later else ""
     if as_json:
-        document = {
-            what: total,
-            "shown": len(rows),
-            "rows": [jsonable.as_json(row) for row in rows],
-        }
+        document: dict[str, Any] = {what: total, "shown": len(rows)}
+        if what == "pending":
+            document["scheduled"] = later
+        document["rows"] = [jsonable.as_json(row) for row in rows]
         typer.echo(json.dumps(document, indent=2))
         return
     console = ops_console()
     if not rows:
-        console.print(f"no {what} outbox rows")
+        console.print(f"no {what} outbox rows{aside}")
         return
-    table = Table(title=Text(f"{total} {what} outbox row(s)"))
-    time_column = "PARKED" if parked else "NEXT ATTEMPT"
+    table = Table(title=Text(f"{total} {what} outbox row(s){aside}"))
+    time_column = {"parked": "PARKED", "scheduled": "DUE"}.get(what, "NEXT ATTEMPT")
     columns = ("ID", "TYPE", "SOURCE", "EVENT ID", "TOPIC", "ATTEMPTS", time_column, "LAST ERROR")
     for name in columns:
         table.add_column(name, justify="right" if name in ("ID", "ATTEMPTS") else "left")
     for row in rows:
-        if row.parked_ms is not None:
-            moment = f"{format_ms(row.parked_ms)} ({format_age(now - row.parked_ms)} ago)"
-        elif row.available_ms > now:
-            moment = f"in {format_age(row.available_ms - now)}"
-        else:
-            moment = "due"
         error = row.last_error or "-"
         if len(error) > ERROR_WIDTH:
             error = error[: ERROR_WIDTH - 3] + "..."
+        moment = _moment(row, now)
         cells = (row.id, row.type, row.source, row.event_id, row.topic, row.attempts, moment, error)
         table.add_row(*(Text(str(cell)) for cell in cells))
     console.print(table)
     if len(rows) < total:
         console.print(f"showing the first {len(rows)} of {total} (--limit)")
+
+
+def _moment(row: OutboxRow, now: int) -> str:
+    if row.parked_ms is not None:
+        return f"{format_ms(row.parked_ms)} ({format_age(now - row.parked_ms)} ago)"
+    if row.deliver_at_ms is not None and row.deliver_at_ms > now:
+        return f"{format_ms(row.deliver_at_ms)} (in {format_age(row.deliver_at_ms - now)})"
+    if row.available_ms > now:
+        return f"in {format_age(row.available_ms - now)}"
+    return "due"
 
 
 @outbox_app.command("requeue")

@@ -76,7 +76,11 @@ def status(
     groups: list[str] | None = GroupsOption,
     dlq_topics: list[str] | None = DlqTopicsOption,
     max_oldest_age: float | None = typer.Option(
-        None, "--max-oldest-age", min=0, help="Exit 1 if the oldest unpublished row is older (s)."
+        None,
+        "--max-oldest-age",
+        min=0,
+        help="Exit 1 if the oldest due, unpublished row has waited longer (s); rows scheduled "
+        "for later do not count.",
     ),
     max_dlq: int | None = typer.Option(
         None, "--max-dlq", min=0, help="Exit 1 if a dead-letter topic holds more records."
@@ -197,7 +201,10 @@ def render(report: StatusReport) -> list[RenderableType]:
             if outbox.oldest_age_s is not None
             else "nothing unpublished"
         )
-        parts = [Text(f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked}")]
+        line = f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked}"
+        if outbox.scheduled:
+            line += f", scheduled {outbox.scheduled}, next due in {_age(outbox.next_due_in_s)}"
+        parts = [Text(line)]
         parts.append(_relays(db.relays, SHARD_COUNT - db.free_shards))
         actions = db.actions
         if actions.unknown:

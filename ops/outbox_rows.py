@@ -1,4 +1,7 @@
-"""Operator actions on the outbox: list parked (or pending) rows and requeue parked ones.
+"""Operator actions on the outbox: list parked, pending or scheduled rows; requeue parked ones.
+
+Pending rows are the backlog: due now (unscheduled, or scheduled for a time that has come).
+Scheduled rows wait for a time still to come, judged on the database clock.
 
 A requeued row is pending again with a fresh attempt budget: ``parked_ms`` cleared,
 ``attempts`` 0 and ``available_ms`` now, so the next claim of its shard takes it. Its
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.tables import outbox_events
@@ -19,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
 PARKED = outbox_events.c.parked_ms.is_not(None)
+Which = Literal["pending", "parked", "scheduled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class OutboxRow:
     available_ms: int
     parked_ms: int | None
     last_error: str | None
+    deliver_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,14 +73,27 @@ _COLUMNS = (
     outbox_events.c.available_ms,
     outbox_events.c.parked_ms,
     outbox_events.c.last_error,
+    outbox_events.c.deliver_at_ms,
 )
 
 
+def _where(which: Which, dialect: str) -> tuple[Any, Any]:
+    """The condition and the order of ``which`` rows."""
+    now = db_now_ms(dialect)
+    deliver_at = outbox_events.c.deliver_at_ms
+    if which == "parked":
+        return PARKED, outbox_events.c.parked_ms
+    if which == "scheduled":
+        return PENDING & (deliver_at > now), deliver_at
+    return PENDING & (deliver_at.is_(None) | (deliver_at <= now)), outbox_events.c.id
+
+
 async def list_rows(
-    engine: AsyncEngine, *, parked: bool, limit: int
+    engine: AsyncEngine, *, which: Which, limit: int
 ) -> tuple[list[OutboxRow], int]:
-    """Parked rows (oldest parked first) or pending rows (oldest first), and the database time."""
-    where, order = (PARKED, outbox_events.c.parked_ms) if parked else (PENDING, outbox_events.c.id)
+    """Parked rows (oldest parked first), pending rows (oldest first) or scheduled rows (next
+    due first), and the database time."""
+    where, order = _where(which, engine.dialect.name)
     query = select(*_COLUMNS).where(where).order_by(order, outbox_events.c.id).limit(limit)
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
@@ -83,9 +101,10 @@ async def list_rows(
     return [OutboxRow(**row._mapping) for row in rows], now
 
 
-async def count_rows(engine: AsyncEngine, *, parked: bool) -> int:
-    """How many rows are parked (or pending)."""
-    query = select(func.count()).select_from(outbox_events).where(PARKED if parked else PENDING)
+async def count_rows(engine: AsyncEngine, *, which: Which) -> int:
+    """How many rows are parked, pending or scheduled."""
+    where, _ = _where(which, engine.dialect.name)
+    query = select(func.count()).select_from(outbox_events).where(where)
     async with engine.connect() as connection:
         return int(await connection.scalar(query) or 0)
 

@@ -57,6 +57,7 @@ UNREACHABLE = "unreachable"
 PARTIAL = "partial"
 MAX_CAUSE_CHARS = 300
 _PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
+_DELIVER_AT = outbox_events.c.deliver_at_ms
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,17 @@ class RelayInfo:
 
 @dataclass
 class OutboxInfo:
-    """Unpublished rows: ``backlog`` pending, ``parked`` set aside after failures."""
+    """Unpublished rows: ``backlog`` due and pending, ``parked`` set aside after failures,
+    ``scheduled`` for later (not backlog until due). The backlog's oldest row is the one due
+    the longest (a scheduled row counts from its due time, others from their creation)."""
 
     backlog: int
     oldest_created_ms: int | None
     oldest_age_s: float | None
     parked: int
+    scheduled: int = 0
+    next_due_ms: int | None = None
+    next_due_in_s: float | None = None
 
 
 @dataclass
@@ -399,9 +405,16 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
     ops = agent_operations.c
     async with engine.connect() as connection:
         now_ms = int(await connection.scalar(select(now)) or 0)
-        backlog, oldest = (
+        is_due = _DELIVER_AT.is_(None) | (now_ms >= _DELIVER_AT)
+        due_since = func.coalesce(_DELIVER_AT, outbox_events.c.created_ms)
+        backlog, oldest, scheduled, next_due = (
             await connection.execute(
-                select(func.count(), func.min(outbox_events.c.created_ms)).where(_PENDING)
+                select(
+                    func.count().filter(is_due),
+                    func.min(due_since).filter(is_due),
+                    func.count().filter(~is_due),
+                    func.min(_DELIVER_AT).filter(~is_due),
+                ).where(_PENDING)
             )
         ).one()
         parked = await connection.scalar(
@@ -458,6 +471,9 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
             oldest_created_ms=oldest,
             oldest_age_s=_age_s(now_ms, oldest),
             parked=int(parked or 0),
+            scheduled=int(scheduled or 0),
+            next_due_ms=next_due,
+            next_due_in_s=None if next_due is None else (next_due - now_ms) / 1000,
         ),
         relays=relay_infos,
         free_shards=SHARD_COUNT - sum(len(shards) for shards in held.values()),

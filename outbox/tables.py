@@ -43,16 +43,30 @@ outbox_events = Table(
     Column("last_error", Text, nullable=True),
     Column("published_ms", BigInteger, nullable=True),
     Column("parked_ms", BigInteger, nullable=True),
+    # Scheduled delivery: not published before this time (database clock); NULL for the usual
+    # row, published as soon as it is committed.
+    Column("deliver_at_ms", BigInteger, nullable=True),
     UniqueConstraint("source", "event_id", name="uq_outbox_events_source_event_id"),
 )
 
+_UNSETTLED = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
 # The relay's claim walks this partial index in id order and filters its shards; published
-# rows kept for retention never enter it, so it stays as small as the backlog.
+# rows kept for retention never enter it, so it stays as small as the backlog. Scheduled rows
+# never enter it either: a million timers due next week must not be walked by every claim.
 Index(
     "ix_outbox_events_pending",
     outbox_events.c.id,
-    postgresql_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),
-    sqlite_where=outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None),
+    postgresql_where=_UNSETTLED & outbox_events.c.deliver_at_ms.is_(None),
+    sqlite_where=_UNSETTLED & outbox_events.c.deliver_at_ms.is_(None),
+)
+# Scheduled rows not yet published, in due order: the claim reads the due ones from here, the
+# relay its next wake-up time.
+Index(
+    "ix_outbox_events_scheduled",
+    outbox_events.c.deliver_at_ms,
+    outbox_events.c.id,
+    postgresql_where=_UNSETTLED & outbox_events.c.deliver_at_ms.is_not(None),
+    sqlite_where=_UNSETTLED & outbox_events.c.deliver_at_ms.is_not(None),
 )
 Index(
     "ix_outbox_events_published",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.outbox.clock import db_now_ms
@@ -17,7 +19,7 @@ from outboxkit.outbox.events import EncodedEvent, encode_binary
 from outboxkit.outbox.sharding import shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.outbox.telemetry import current_context_headers
-from sqlalchemy import BindParameter, Insert, bindparam
+from sqlalchemy import BigInteger, BindParameter, ColumnElement, Insert, bindparam, case
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -33,6 +35,11 @@ class Outbox:
     A second event with the same ``(source, id)`` as a row still in the table is a documented
     no-op: :meth:`add` returns ``False`` and nothing is written, so a deterministic id makes
     publishing idempotent for as long as published rows are retained.
+
+    Scheduled delivery: ``delay_s=`` (seconds from now on the database clock, preferred for
+    relative waits) or ``deliver_at=`` (a timezone-aware instant) keeps the event from being
+    published before that time, judged on the database clock; a time not in the future means
+    now. A scheduled event does not hold back the later events of its key.
     """
 
     def __init__(
@@ -54,28 +61,87 @@ class Outbox:
         _check_topic(chosen)
         return chosen
 
-    def add(self, session: Session, event: CloudEvent, *, topic: str | None = None) -> bool:
-        """Add ``event`` to the session's transaction; return ``False`` if it was a duplicate."""
+    def add(
+        self,
+        session: Session,
+        event: CloudEvent,
+        *,
+        topic: str | None = None,
+        deliver_at: datetime | None = None,
+        delay_s: float | None = None,
+    ) -> bool:
+        """Add ``event`` to the session's transaction; return ``False`` if it was a duplicate.
+
+        ``deliver_at`` (timezone-aware) or ``delay_s``, at most one: not published before then.
+        """
         if not isinstance(session, Session):  # an AsyncSession is not a Session
             raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
-        statement, values = self._insert(session.get_bind().dialect.name, event, topic)
+        dialect_name = session.get_bind().dialect.name
+        statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
         return session.execute(statement, values).first() is not None
 
     async def add_async(
-        self, session: AsyncSession, event: CloudEvent, *, topic: str | None = None
+        self,
+        session: AsyncSession,
+        event: CloudEvent,
+        *,
+        topic: str | None = None,
+        deliver_at: datetime | None = None,
+        delay_s: float | None = None,
     ) -> bool:
-        """Add ``event`` to the async session's transaction; ``False`` if it was a duplicate."""
+        """Add ``event`` to the async session's transaction; ``False`` if it was a duplicate.
+
+        ``deliver_at`` (timezone-aware) or ``delay_s``, at most one: not published before then.
+        """
         if not isinstance(session, AsyncSession):
             raise TypeError("Outbox.add_async takes an AsyncSession; use outbox.add(...)")
-        statement, values = self._insert(session.get_bind().dialect.name, event, topic)
+        dialect_name = session.get_bind().dialect.name
+        statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
         return (await session.execute(statement, values)).first() is not None
 
     def _insert(
-        self, dialect_name: str, event: CloudEvent, topic: str | None
+        self,
+        dialect_name: str,
+        event: CloudEvent,
+        topic: str | None,
+        deliver_at: datetime | None,
+        delay_s: float | None,
     ) -> tuple[Insert, dict[str, Any]]:
+        schedule = schedule_of(deliver_at, delay_s)
         encoded = with_origin_trace(encode_binary(event))
         topic = self.topic_for(encoded.type, topic)
-        return insert_statement(dialect_name), outbox_row(encoded, topic)
+        values = outbox_row(encoded, topic)
+        if schedule is None:
+            return insert_statement(dialect_name), values
+        kind, values["due_ms"] = schedule
+        return insert_statement(dialect_name, kind), values
+
+
+Schedule = Literal["at", "delay"]
+
+
+def schedule_of(deliver_at: datetime | None, delay_s: float | None) -> tuple[Schedule, int] | None:
+    """``("at", epoch ms)``, ``("delay", ms)`` or ``None`` (publish now); raises
+    :class:`InvalidEventError` for a naive datetime, a delay that is not a finite number, or
+    both given."""
+    if deliver_at is not None and delay_s is not None:
+        raise InvalidEventError("give deliver_at= or delay_s=, not both")
+    if deliver_at is not None:
+        if not isinstance(deliver_at, datetime):
+            raise InvalidEventError(f"deliver_at must be a datetime, not {type(deliver_at)!r}")
+        if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+            raise InvalidEventError(
+                "deliver_at must be timezone-aware (e.g. datetime.now(UTC) + ...): a naive "
+                "datetime names no instant"
+            )
+        return "at", math.floor(deliver_at.timestamp() * 1000)
+    if delay_s is not None:
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int | float):
+            raise InvalidEventError(f"delay_s must be a number of seconds, not {delay_s!r}")
+        if not math.isfinite(delay_s):
+            raise InvalidEventError(f"delay_s must be finite, not {delay_s!r}")
+        return "delay", math.ceil(delay_s * 1000)
+    return None
 
 
 def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
@@ -91,14 +157,25 @@ def with_origin_trace(encoded: EncodedEvent) -> EncodedEvent:
 
 
 @functools.cache
-def insert_statement(dialect_name: str) -> Insert:
+def insert_statement(dialect_name: str, schedule: Schedule | None = None) -> Insert:
     """The idempotent INSERT of one outbox row (``ON CONFLICT DO NOTHING``), built once.
 
     Values come as parameters (see :func:`outbox_row`); the creation time is the database's
     clock. Building the statement per call cost more than the round trip it sends.
+    ``schedule``: the row has a ``due_ms`` parameter too, an epoch time (``"at"``) or a delay
+    added to the database's clock (``"delay"``); a due time not in the future leaves the row
+    unscheduled, so it is published like any other (in write order with its key).
     """
     now_ms = db_now_ms(dialect_name)
-    columns: dict[str, BindParameter[Any]] = {name: bindparam(name) for name in _ROW_COLUMNS}
+    columns: dict[str, BindParameter[Any] | ColumnElement[Any]] = {
+        name: bindparam(name) for name in _ROW_COLUMNS
+    }
+    if schedule is not None:
+        due: ColumnElement[int] = bindparam("due_ms", type_=BigInteger)
+        if schedule == "delay":
+            columns["deliver_at_ms"] = case((due > 0, now_ms + due), else_=None)
+        else:
+            columns["deliver_at_ms"] = case((due > now_ms, due), else_=None)
     statement: Insert = (
         dialect_insert(dialect_name)(outbox_events)
         .values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)

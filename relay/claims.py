@@ -6,7 +6,9 @@ writes nothing. Settling marks published rows (or deletes them) and counts faile
 touching only rows still pending.
 
 Per-key order: a row whose earlier sibling (same Kafka key) is waiting for a retry blocks the
-rest of its key in that batch, so a key never overtakes itself.
+rest of its key in that batch, so a key never overtakes itself. "Earlier" is by due time, then
+id: a scheduled row (``deliver_at_ms``) is claimed only once due and never holds back its key
+before (docs/relay.md#scheduled-delivery).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.tables import outbox_events, outbox_shard_leases
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     CursorResult,
+    Integer,
     Select,
     all_,
     any_,
@@ -28,7 +32,10 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    literal_column,
     select,
+    true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -38,6 +45,22 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.elements import ColumnElement
 
 PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
+_NO: ColumnElement[int] = literal_column("0", Integer).label("scheduled")
+_YES: ColumnElement[int] = literal_column("1", Integer).label("scheduled")
+# The relay looks this far ahead (rows of any shard, in due order) for its own next due row.
+NEXT_DUE_WINDOW = 1000
+
+
+def due(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """Pending rows that may be published now: unscheduled, or scheduled for a time that has
+    come (``now``: the database clock)."""
+    deliver_at = outbox_events.c.deliver_at_ms
+    return PENDING & (deliver_at.is_(None) | (deliver_at <= now))
+
+
+def scheduled(now: ColumnElement[int]) -> ColumnElement[bool]:
+    """Pending rows scheduled for a time still to come: not backlog yet."""
+    return PENDING & (outbox_events.c.deliver_at_ms > now)
 
 
 @dataclass(slots=True)
@@ -67,6 +90,7 @@ class Backlog:
     pending: int
     oldest_age_s: float
     parked: int
+    scheduled: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +110,7 @@ class Claims:
         self._now = db_now_ms(engine.dialect.name)
         self._postgresql = engine.dialect.name == "postgresql"
         self._claim_statement = self._build_claim_statement()
+        self._next_due_statement = self._build_next_due_statement()
         self._build_settle_statements()
 
     async def claim(self, limit: int, in_flight: Sequence[int] = ()) -> list[ClaimedRow]:
@@ -114,46 +139,98 @@ class Claims:
         ]
 
     def _build_claim_statement(self) -> Select[Any]:
-        """The claim, built once (building it per call cost more than running it)."""
+        """The claim, built once (building it per call cost more than running it).
+
+        Two streams of candidates, each from its own partial index: the oldest ``limit``
+        unscheduled rows by id (the statement as it was before scheduled delivery) and the
+        earliest ``limit`` scheduled rows that are due. A key's rows go in order of their due
+        time (a scheduled row's ``deliver_at_ms``; an unscheduled row's ``created_ms``, made
+        non-decreasing in id per key so unscheduled rows keep their write order), then id.
+        A stream that came full may hide rows due before its last one: the other stream's rows
+        due after that wait for a later claim, so no key overtakes a row it has not seen.
+        """
         now = self._now
+        rows = outbox_events.c
         my_shards = select(outbox_shard_leases.c.shard).where(
             outbox_shard_leases.c.holder == self.relay_id,
             outbox_shard_leases.c.expires_ms > now,
         )
-        must_wait = case((outbox_events.c.available_ms > now, 1), else_=0)
-        candidates = (
-            select(outbox_events.c.id, outbox_events.c.kafka_key, must_wait.label("must_wait"))
-            .where(
-                PENDING,
-                outbox_events.c.shard.in_(my_shards.scalar_subquery()),
-                self._id_in("in_flight", negated=True),
+        mine = (
+            PENDING,
+            rows.shard.in_(my_shards.scalar_subquery()),
+            self._id_in("in_flight", negated=True),
+        )
+        limit: BindParameter[int] = bindparam("limit", type_=Integer)
+        # The clock is volatile, so it bounds no index scan; read once (an InitPlan), it does.
+        now_once = select(now).scalar_subquery()
+        must_wait = case((rows.available_ms > now, 1), else_=0).label("must_wait")
+        unscheduled = (
+            select(rows.id, rows.kafka_key, rows.created_ms.label("due_ms"), must_wait, _NO)
+            .where(*mine, rows.deliver_at_ms.is_(None))
+            .order_by(rows.id)
+            .limit(limit)
+            .subquery()
+        )
+        due = (
+            select(rows.id, rows.kafka_key, rows.deliver_at_ms.label("due_ms"), must_wait, _YES)
+            .where(*mine, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms <= now_once)
+            .order_by(rows.deliver_at_ms, rows.id)
+            .limit(limit)
+            .subquery()
+        )
+        candidates = union_all(select(unscheduled), select(due)).cte("candidates")
+        c = candidates.c
+
+        def last_due_if_full(scheduled: int) -> ColumnElement[Any]:
+            stream = c.scheduled == scheduled
+            return case((func.count().filter(stream) >= limit, func.max(c.due_ms).filter(stream)))
+
+        bounds = select(
+            last_due_if_full(0).label("unscheduled_until"),
+            last_due_if_full(1).label("scheduled_until"),
+        ).cte("bounds")
+        key_stream = (c.kafka_key, c.scheduled)
+        running_due = func.max(c.due_ms).over(partition_by=key_stream, order_by=c.id)
+        ordered = (
+            select(
+                c.id,
+                c.kafka_key,
+                c.must_wait,
+                c.scheduled,
+                case((c.scheduled == 1, c.due_ms), else_=running_due).label("due_ms"),
+                bounds.c.unscheduled_until,
+                bounds.c.scheduled_until,
             )
-            .order_by(outbox_events.c.id)
-            .limit(bindparam("limit"))
-            .cte("candidates")
+            .select_from(candidates.join(bounds, true()))
+            .cte("ordered")
+        )
+        o = ordered.c
+        waits = case(
+            (o.must_wait == 1, 1),
+            ((o.scheduled == 0) & (o.due_ms > o.scheduled_until), 1),
+            ((o.scheduled == 1) & (o.due_ms > o.unscheduled_until), 1),
+            else_=0,
         )
         # A key is blocked from its first waiting row on; a row without a key only by itself.
-        blocked_since = func.max(candidates.c.must_wait).over(
-            partition_by=candidates.c.kafka_key, order_by=candidates.c.id
-        )
+        blocked_since = func.max(waits).over(partition_by=o.kafka_key, order_by=(o.due_ms, o.id))
         ranked = select(
-            candidates.c.id,
-            case(
-                (candidates.c.kafka_key.is_(None), candidates.c.must_wait), else_=blocked_since
-            ).label("blocked"),
+            o.id,
+            o.due_ms,
+            case((o.kafka_key.is_(None), waits), else_=blocked_since).label("blocked"),
         ).cte("ranked")
         return (
             select(
-                outbox_events.c.id,
-                outbox_events.c.topic,
-                outbox_events.c.kafka_key,
-                outbox_events.c.headers,
-                outbox_events.c.payload,
-                outbox_events.c.attempts,
+                rows.id,
+                rows.topic,
+                rows.kafka_key,
+                rows.headers,
+                rows.payload,
+                rows.attempts,
             )
-            .join(ranked, ranked.c.id == outbox_events.c.id)
+            .join(ranked, ranked.c.id == rows.id)
             .where(ranked.c.blocked == 0)
-            .order_by(outbox_events.c.id)
+            .order_by(ranked.c.due_ms, rows.id)
+            .limit(limit)
         )
 
     def _id_in(self, name: str, *, negated: bool = False) -> ColumnElement[bool]:
@@ -233,21 +310,60 @@ class Claims:
         self._delete_published = delete(outbox_events).where(by_ids, PENDING)
 
     async def pending_count(self) -> int:
-        """Rows not yet published nor parked (all shards)."""
+        """Rows that are due and neither published nor parked (all shards); rows scheduled
+        for later are not counted."""
         async with self.engine.connect() as conn:
-            query = select(func.count()).select_from(outbox_events).where(PENDING)
+            query = select(func.count()).select_from(outbox_events).where(due(self._now))
             return (await conn.execute(query)).scalar_one()
 
     async def backlog(self) -> Backlog:
-        """Backlog size, age of its oldest row and parked rows, in one query (all shards)."""
+        """Backlog size, age of its oldest row, parked rows and rows scheduled for later, in
+        one query (all shards). A scheduled row's age counts from its due time."""
         parked = outbox_events.c.parked_ms.is_not(None)
+        is_due = due(self._now)
+        due_since = func.coalesce(outbox_events.c.deliver_at_ms, outbox_events.c.created_ms)
         query = select(
-            func.count().filter(PENDING),
-            func.min(outbox_events.c.created_ms).filter(PENDING),
+            func.count().filter(is_due),
+            func.min(due_since).filter(is_due),
             func.count().filter(parked),
+            func.count().filter(scheduled(self._now)),
             self._now,
         ).where(PENDING | parked)
         async with self.engine.connect() as conn:
-            pending, oldest_ms, parked_rows, now_ms = (await conn.execute(query)).one()
+            row = (await conn.execute(query)).one()
+        pending, oldest_ms, parked_rows, later, now_ms = row
         age_s = max(0, now_ms - oldest_ms) / 1000 if oldest_ms is not None else 0.0
-        return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows)
+        return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows, scheduled=later)
+
+    async def next_due_in_s(self) -> float | None:
+        """Seconds until the next scheduled row of this relay's shards is due, or ``None``.
+
+        Bounded: it looks at the :data:`NEXT_DUE_WINDOW` earliest scheduled rows of all shards
+        (from their index) and picks this relay's first; none among them is ``None`` (the
+        relay then polls). Rows already due are the claim's business, not counted here.
+        """
+        async with self.engine.connect() as conn:
+            delay_ms = (await conn.execute(self._next_due_statement)).scalar()
+        return None if delay_ms is None else max(0, delay_ms) / 1000
+
+    def _build_next_due_statement(self) -> Select[Any]:
+        now = self._now
+        rows = outbox_events.c
+        earliest = (
+            select(rows.deliver_at_ms, rows.shard)
+            .where(
+                PENDING,
+                rows.deliver_at_ms.is_not(None),
+                rows.deliver_at_ms > select(now).scalar_subquery(),  # bounds the index scan
+            )
+            .order_by(rows.deliver_at_ms)
+            .limit(NEXT_DUE_WINDOW)
+            .subquery()
+        )
+        my_shards = select(outbox_shard_leases.c.shard).where(
+            outbox_shard_leases.c.holder == self.relay_id,
+            outbox_shard_leases.c.expires_ms > now,
+        )
+        return select(func.min(earliest.c.deliver_at_ms) - now).where(
+            earliest.c.shard.in_(my_shards.scalar_subquery())
+        )

@@ -14,10 +14,13 @@ PUBLISH_ERRORS = Counter(
     ["kind"],
 )
 PARKED_NOW = Counter("outboxkit_relay_parked", "Rows this relay parked after their last attempt.")
-BACKLOG = Gauge("outboxkit_outbox_backlog", "Outbox rows neither published nor parked.")
+BACKLOG = Gauge("outboxkit_outbox_backlog", "Outbox rows due and neither published nor parked.")
 OLDEST_AGE = Gauge(
     "outboxkit_outbox_oldest_unpublished_age_seconds",
-    "Age of the oldest row neither published nor parked (0 when there is none).",
+    "Age of the oldest due row neither published nor parked, from its due time (0: none).",
+)
+SCHEDULED = Gauge(
+    "outboxkit_outbox_scheduled_rows", "Outbox rows scheduled for later (not backlog yet)."
 )
 PARKED = Gauge("outboxkit_outbox_parked_rows", "Parked outbox rows waiting for an operator.")
 BATCH_SIZE = Histogram(

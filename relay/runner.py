@@ -32,6 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 log = logging.getLogger("outboxkit.relay")
 DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
 RELAY_TABLES = (outbox_events.name, outbox_shard_leases.name, outbox_relays.name)
+# Waking this much after a row's due time: the database clock has then passed it for sure.
+DUE_MARGIN_S = 0.002
 
 
 @dataclass
@@ -147,8 +149,9 @@ class Relay:
             await self.stop()
 
     async def drain(self, timeout_s: float | None = 120.0) -> int:
-        """Publish until no row is pending, then stop; return how many rows this call published.
+        """Publish until no row is due, then stop; return how many rows this call published.
 
+        Rows scheduled for later stay in the outbox for a relay running when they are due.
         Starts the relay if it is not running. Raises :class:`TimeoutError` after ``timeout_s``
         seconds (``None``: no limit), having stopped the relay gracefully.
         """
@@ -232,12 +235,18 @@ class Relay:
                 await self._settling.wait()
                 if self._until_drained and await self.claims.pending_count() == 0:
                     return
+                next_due_s = await self.claims.next_due_in_s()
             except DATABASE_ERRORS as error:
                 await self._fail_if_not_migrated(error)
                 attempt = self.database.failed(error)
                 await _sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
-            await _wait_any(stop, self._wake, self.options.poll_interval_s)
+            # Commits wake the relay (LISTEN); a scheduled row coming due is no commit, so the
+            # relay sleeps no longer than until the next one of its shards is due.
+            wait_s = self.options.poll_interval_s
+            if next_due_s is not None:
+                wait_s = min(wait_s, next_due_s + DUE_MARGIN_S)
+            await _wait_any(stop, self._wake, wait_s)
 
     async def _relay_batches(self, until: float) -> int:
         """Publish batches back to back while there is more; return the rows claimed.
@@ -295,6 +304,7 @@ class Relay:
         metrics.BACKLOG.set(backlog.pending)
         metrics.OLDEST_AGE.set(backlog.oldest_age_s)
         metrics.PARKED.set(backlog.parked)
+        metrics.SCHEDULED.set(backlog.scheduled)
 
     async def _settle(self, outcome: BatchOutcome) -> None:
         matched = await self.claims.settle(
