@@ -1,8 +1,8 @@
 """Scheduled delivery: ``outbox_events.deliver_at_ms`` and the index of scheduled rows.
 
-Revision ID: 0007_outbox_scheduled
-Revises: 0006_action_notify
-Create Date: 2026-12-02
+Revision ID: 0008_outbox_scheduled
+Revises: 0007_http_idempotency
+Create Date: 2026-12-01
 
 A row with ``deliver_at_ms`` is not published before that time (database clock). Existing rows
 keep ``deliver_at_ms`` NULL: published as soon as they are claimed, as before.
@@ -10,16 +10,13 @@ keep ``deliver_at_ms`` NULL: published as soon as they are claimed, as before.
 The pending index is rebuilt without scheduled rows, so the claim's walk in id order never
 steps over timers that are not due (one scan of the table to build it; the index holds the
 backlog only). Scheduled rows get their own partial index in due order.
-
-Another branch may add a 0007 of its own (HTTP idempotency); whichever lands second is
-renumbered when merged.
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_outbox_scheduled"
-down_revision = "0006_action_notify"
+revision = "0008_outbox_scheduled"
+down_revision = "0007_http_idempotency"
 branch_labels = None
 depends_on = None
 
