@@ -7,12 +7,9 @@ trail of a deleted operation stays until :func:`purge_audit` removes it by age.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from outboxkit.actions.states import REPLACEABLE
 from outboxkit.actions.tables import agent_operation_audit, agent_operations
-from outboxkit.outbox.clock import db_now_ms
-from sqlalchemy import CursorResult, delete, select
+from outboxkit.outbox.purge import delete_in_chunks
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 
@@ -23,33 +20,14 @@ async def purge_expired(
     max_chunks: int | None = None,
 ) -> int:
     """Delete expired operations, ``chunk_size`` rows per transaction; return how many."""
-    if chunk_size < 1:
-        raise ValueError("chunk_size must be at least 1")
     ops = agent_operations
-    total = 0
-    chunks = 0
-    while max_chunks is None or chunks < max_chunks:
-        async with sessions() as session, session.begin():
-            now = db_now_ms(session.get_bind().dialect.name)
-            expired = (ops.c.expires_ms <= now) & ops.c.state.in_([s.value for s in REPLACEABLE])
-            # Ids first, then the delete: PostgreSQL may re-run an IN (... LIMIT ... SKIP
-            # LOCKED) subquery per row and so delete more than one chunk in one statement.
-            ids = (
-                await session.scalars(
-                    select(ops.c.id)
-                    .where(expired)
-                    .order_by(ops.c.id)
-                    .limit(chunk_size)
-                    .with_for_update(skip_locked=True)  # ignored on SQLite, whose writers queue
-                )
-            ).all()
-            if ids:
-                result = await session.execute(delete(ops).where(ops.c.id.in_(ids), expired))
-                total += cast("CursorResult[Any]", result).rowcount
-        chunks += 1
-        if len(ids) < chunk_size:
-            break
-    return total
+    return await delete_in_chunks(
+        sessions,
+        ops,
+        lambda now: (ops.c.expires_ms <= now) & ops.c.state.in_([s.value for s in REPLACEABLE]),
+        chunk_size=chunk_size,
+        max_chunks=max_chunks,
+    )
 
 
 async def purge_audit(
@@ -60,25 +38,14 @@ async def purge_audit(
     max_chunks: int | None = None,
 ) -> int:
     """Delete audit rows older than ``older_than_s`` seconds (by the database clock), in chunks."""
-    if chunk_size < 1 or not older_than_s >= 0:
-        raise ValueError("chunk_size must be at least 1 and older_than_s not negative")
+    if not older_than_s >= 0:
+        raise ValueError("older_than_s must not be negative")
     older_than_ms = round(older_than_s * 1000)
     audit = agent_operation_audit
-    total = 0
-    chunks = 0
-    while max_chunks is None or chunks < max_chunks:
-        async with sessions() as session, session.begin():
-            now = db_now_ms(session.get_bind().dialect.name)
-            old = audit.c.at_ms <= now - older_than_ms
-            ids = (
-                await session.scalars(
-                    select(audit.c.id).where(old).order_by(audit.c.id).limit(chunk_size)
-                )
-            ).all()
-            if ids:
-                result = await session.execute(delete(audit).where(audit.c.id.in_(ids)))
-                total += cast("CursorResult[Any]", result).rowcount
-        chunks += 1
-        if len(ids) < chunk_size:
-            break
-    return total
+    return await delete_in_chunks(
+        sessions,
+        audit,
+        lambda now: audit.c.at_ms <= now - older_than_ms,
+        chunk_size=chunk_size,
+        max_chunks=max_chunks,
+    )
