@@ -86,7 +86,10 @@ async def end_offsets(bootstrap: str, topic: str, partitions: int = 1) -> list[i
 
 async def commit_offsets(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
     """Commit ``offsets`` for ``group`` without joining it (as a stopped member would have)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    # No auto-commit: stopping would commit the position it fetched to, over ``offsets``.
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         consumer.assign(list(offsets))
