@@ -103,24 +103,25 @@ async def test_a_step_outside_a_run_context_is_refused() -> None:
 
 
 async def test_heartbeats_keep_a_step_running_longer_than_its_lease(db_url: str) -> None:
-    """A lease of 0.3 s, a call held for 1.5 s: the operation stays RUNNING (no sweep takes
-    it, another worker waits) and succeeds, with one refund."""
+    """A lease of 1 s, a call held for 3 s: the operation stays RUNNING (no sweep takes it,
+    another worker waits) and succeeds, with one refund. The lease leaves a heartbeat (every
+    lease/3) two thirds of a second of slack, which a busy machine's SQLite writes need."""
     store = ActionStore()
     with PaymentProvider() as provider:
         hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
         async with sessions_for(db_url) as sessions:
-            refund = RefundSteps(sessions, store, provider.url, lease_s=0.3)
+            refund = RefundSteps(sessions, store, provider.url, lease_s=1.0)
             key = refund.key(TICKET)
             task = asyncio.create_task(refund(TICKET))
             await wait_for(hold.reached.is_set, bool, 10, "the refund to be held")
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:  # five leases long
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:  # three leases long
                 assert await in_tx(sessions, store.sweep_expired_leases) == []
                 op = await in_tx(sessions, lambda s: store.get(s, T, key))
                 assert op.state is State.RUNNING
                 await asyncio.sleep(0.1)
             hold.release()
-            outcome = await asyncio.wait_for(task, 10)
+            outcome = await asyncio.wait_for(task, 30)
         assert outcome.executed and outcome.operation.state is State.SUCCEEDED
         assert provider.refund_count() == 1
     assert event_types(db_url, T, key) == ["requested", "started", "succeeded"]
