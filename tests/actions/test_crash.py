@@ -10,7 +10,6 @@ recorded as SUCCEEDED.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -19,7 +18,13 @@ from outboxkit.actions import ActionStore, State, reconcile_unknown
 from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support import REPO
-from tests.support.actions import RefundSteps, event_types, in_tx, sessions_for
+from tests.support.actions import (
+    RefundSteps,
+    event_types,
+    in_tx,
+    kill_once_the_provider_committed,
+    sessions_for,
+)
 from tests.support.kafka import wait_for
 
 T = "acme"
@@ -59,22 +64,9 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        try:
-            await wait_for(
-                lambda: hold.reached.is_set() or worker.poll() is not None,
-                bool,
-                60,
-                "the worker's refund to be committed at the provider",
-            )
-            assert worker.poll() is None, worker.stdout.read().decode()
-            worker.send_signal(signal.SIGKILL)
-            assert worker.wait(30) == -signal.SIGKILL
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(30)
-            worker.stdout.close()
-            hold.release()
+        await kill_once_the_provider_committed(
+            worker, hold, "the worker's refund to be committed at the provider"
+        )
         assert provider.refund_count() == 1
 
         async with sessions_for(db_url) as sessions:

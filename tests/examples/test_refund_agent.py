@@ -10,7 +10,6 @@ import asyncio
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,12 @@ from examples.refund_agent.agent import (
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support import REPO
-from tests.support.actions import event_types, in_tx, sessions_for
+from tests.support.actions import (
+    event_types,
+    in_tx,
+    kill_once_the_provider_committed,
+    sessions_for,
+)
 from tests.support.kafka import wait_for
 
 T = "acme"
@@ -144,22 +148,9 @@ async def test_a_run_killed_after_the_refund_starts_again_and_gets_the_stored_re
     with PaymentProvider() as provider:
         hold = provider.inject(Fault.HOLD_AFTER_COMMIT)
         worker = start_worker(db_url, provider.url, "run-crash")
-        try:
-            await wait_for(
-                lambda: hold.reached.is_set() or worker.poll() is not None,
-                bool,
-                60,
-                "the agent's refund to be committed at the provider",
-            )
-            assert worker.poll() is None, worker.stdout.read().decode()
-            worker.send_signal(signal.SIGKILL)
-            assert worker.wait(30) == -signal.SIGKILL
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(30)
-            worker.stdout.close()
-            hold.release()
+        await kill_once_the_provider_committed(
+            worker, hold, "the agent's refund to be committed at the provider"
+        )
         assert provider.refund_count() == 1
 
         async with sessions_for(db_url) as sessions:

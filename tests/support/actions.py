@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from examples.refund_agent.agent import Refund, Ticket, refund_step
 from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.provider import Hold
+from tests.support.kafka import wait_for
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,22 @@ class RefundSteps:
         """Refund ``ticket`` (or return the stored refund), with the operation."""
         with self.actions:
             return await self.step.outcome(ticket.charge_id, ticket.amount_cents, ticket.currency)
+
+
+async def kill_once_the_provider_committed(
+    worker: subprocess.Popen[bytes], hold: Hold, what: str
+) -> None:
+    """SIGKILL ``worker`` as soon as the provider holds its committed refund (``hold``), as a
+    crash after the side effect and before the record would; then let the provider go on."""
+    try:
+        await wait_for(lambda: hold.reached.is_set() or worker.poll() is not None, bool, 60, what)
+        assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(30) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(30)
+        if worker.stdout is not None:
+            worker.stdout.close()
+        hold.release()
