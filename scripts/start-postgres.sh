@@ -18,9 +18,23 @@ if [ -z "${VERSION:-}" ]; then
   $SUDO pg_createcluster "$VERSION" main >/dev/null
   read -r VERSION CLUSTER PORT STATUS _ < <(pg_lsclusters --no-header | head -n 1)
 fi
+# More connections than the default 100: tests run several relays and consumers at once.
+# wal_level=logical for `outboxkit relay --mode logical` (a replication slot per outbox
+# database); each test database of that mode holds one slot for its lifetime.
+SETTINGS="max_connections=300 wal_level=logical max_replication_slots=64 max_wal_senders=64"
+CHANGED=""
+for setting in $SETTINGS; do
+  name="${setting%%=*}"; value="${setting#*=}"
+  if [ "$($SUDO pg_conftool "$VERSION" "$CLUSTER" show "$name" 2>/dev/null | sed 's/.*= *//; s/'"'"'//g')" != "$value" ]; then
+    $SUDO pg_conftool "$VERSION" "$CLUSTER" set "$name" "$value" >/dev/null
+    CHANGED=1
+  fi
+done
+if [ "$STATUS" = "online" ] && [ -n "$CHANGED" ]; then
+  # These settings take effect at a restart only.
+  $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" restart 3>&-
+fi
 if [ "$STATUS" != "online" ]; then
-  # More connections than the default 100: tests run several relays and consumers at once.
-  $SUDO pg_conftool "$VERSION" "$CLUSTER" set max_connections 300 >/dev/null
   # 3>&- keeps the daemon from holding the caller's capture pipe open. One retry: after an
   # unclean stop the first start can trip over a socket lock file the dead server left behind.
   $SUDO pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$CLUSTER" start 3>&- \
