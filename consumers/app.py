@@ -54,6 +54,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 Unhandled = Literal["skip", "dead-letter"]
+ANY_TYPE = "*"
+"""Register a handler for this type to take every event of its topic no other handler takes."""
 HandlerFunc = Callable[..., Any]
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -268,8 +270,8 @@ class ConsumerApp:
         return register
 
     def handler_for(self, topic: str, type: str) -> Handler | None:
-        """The handler of ``type`` on ``topic``, if any."""
-        return self.handlers.get((topic, type))
+        """The handler of ``type`` on ``topic``, else the topic's handler of any type (``"*"``)."""
+        return self.handlers.get((topic, type)) or self.handlers.get((topic, ANY_TYPE))
 
     def timeout_for(self, handler: Handler) -> float:
         """How long one call of ``handler`` may run, in seconds."""

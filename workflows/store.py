@@ -1,0 +1,205 @@
+"""SQL of durable workflows: instances, history and signals, inside the caller's transaction.
+
+Nothing here commits or decides: the engine (:mod:`outboxkit.workflows.engine`) decides, and
+writes each decision with its history record and its event in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
+from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+NOTIFY_CHANNEL = "outboxkit_workflows"
+"""PostgreSQL channel notified when an instance becomes runnable (workers LISTEN on it)."""
+
+
+def dumps(value: Any) -> str:
+    """JSON text as the tables store it."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def _dialect(session: AsyncSession) -> str:
+    return session.get_bind().dialect.name
+
+
+async def insert_instance(session: AsyncSession, values: Mapping[str, Any]) -> bool:
+    """Insert an instance unless ``(tenant, workflow_id)`` exists; True if inserted."""
+    statement = (
+        dialect_insert(_dialect(session))(workflow_instances)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["tenant", "workflow_id"])
+        .returning(workflow_instances.c.id)
+    )
+    return (await session.execute(statement)).first() is not None
+
+
+async def get(
+    session: AsyncSession, tenant: str, workflow_id: str, *, lock: bool = False
+) -> WorkflowRecord | None:
+    """The instance, or ``None``; ``lock`` takes its row lock (PostgreSQL) for the transaction."""
+    query = select(workflow_instances).where(
+        workflow_instances.c.tenant == tenant, workflow_instances.c.workflow_id == workflow_id
+    )
+    if lock and _dialect(session) == "postgresql":
+        query = query.with_for_update()
+    row = (await session.execute(query)).mappings().first()
+    return None if row is None else WorkflowRecord.from_row(row)
+
+
+async def update_instance(session: AsyncSession, record_id: int, values: Mapping[str, Any]) -> None:
+    """Write ``values`` to the instance ``record_id``."""
+    await session.execute(
+        update(workflow_instances).where(workflow_instances.c.id == record_id).values(**values)
+    )
+
+
+async def claim_due(
+    session: AsyncSession, *, holder: str, now_ms: int, lease_ms: int, limit: int
+) -> list[WorkflowRecord]:
+    """Lease up to ``limit`` instances with work due at ``now_ms`` (engine clock).
+
+    Due: runnable with ``run_at_ms`` reached, or waiting past the wait's deadline; and not
+    leased, or leased by a worker whose lease ran out (database clock). Several workers claim
+    side by side: on PostgreSQL, ``FOR UPDATE SKIP LOCKED`` keeps them off each other's rows.
+    """
+    dialect = _dialect(session)
+    db_now = db_now_ms(dialect)
+    table = workflow_instances
+    due = (
+        select(table.c.id)
+        .where(
+            or_(
+                and_(table.c.status == Status.RUNNABLE.value, table.c.run_at_ms <= now_ms),
+                and_(table.c.status == Status.WAITING.value, table.c.wait_deadline_ms <= now_ms),
+            ),
+            or_(table.c.lease_holder.is_(None), table.c.lease_expires_ms < db_now),
+        )
+        .order_by(table.c.run_at_ms)
+        .limit(limit)
+    )
+    if dialect == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    statement = (
+        update(table)
+        .where(table.c.id.in_(due.scalar_subquery()))
+        .values(lease_holder=holder, lease_expires_ms=db_now + lease_ms)
+        .returning(*table.c)
+    )
+    rows = (await session.execute(statement)).mappings().all()
+    return [WorkflowRecord.from_row(row) for row in rows]
+
+
+async def release(session: AsyncSession, record_id: int, holder: str) -> None:
+    """Give up the lease ``holder`` has on an instance (nothing if it has none)."""
+    await session.execute(
+        update(workflow_instances)
+        .where(workflow_instances.c.id == record_id, workflow_instances.c.lease_holder == holder)
+        .values(lease_holder=None, lease_expires_ms=None)
+    )
+
+
+async def append_history(session: AsyncSession, values: Mapping[str, Any]) -> None:
+    """Append one history record (``(tenant, workflow_id, seq)`` is unique)."""
+    await session.execute(workflow_history.insert().values(**values))
+
+
+async def history(session: AsyncSession, tenant: str, workflow_id: str) -> list[HistoryRecord]:
+    """The instance's history, oldest first."""
+    rows = (
+        await session.execute(
+            select(workflow_history)
+            .where(
+                workflow_history.c.tenant == tenant, workflow_history.c.workflow_id == workflow_id
+            )
+            .order_by(workflow_history.c.seq)
+        )
+    ).mappings()
+    return [HistoryRecord.from_row(row) for row in rows]
+
+
+async def insert_signal(session: AsyncSession, values: Mapping[str, Any]) -> bool:
+    """Record a signal unless its ``(source, event_id)`` was seen; True if recorded."""
+    statement = (
+        dialect_insert(_dialect(session))(workflow_signals)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["source", "event_id"])
+        .returning(workflow_signals.c.id)
+    )
+    return (await session.execute(statement)).first() is not None
+
+
+async def signals(
+    session: AsyncSession, tenant: str, workflow_id: str, outcomes: Sequence[str] = ()
+) -> list[SignalRecord]:
+    """The instance's signals in arrival order, optionally only those with these outcomes."""
+    query = (
+        select(workflow_signals)
+        .where(workflow_signals.c.tenant == tenant, workflow_signals.c.workflow_id == workflow_id)
+        .order_by(workflow_signals.c.id)
+    )
+    if outcomes:
+        query = query.where(workflow_signals.c.outcome.in_(list(outcomes)))
+    return [SignalRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+
+
+async def set_signal_outcome(
+    session: AsyncSession,
+    source: str,
+    event_id: str,
+    outcome: str,
+    *,
+    reason: str | None = None,
+    consumed_seq: int | None = None,
+) -> None:
+    """Record what became of a signal."""
+    await session.execute(
+        update(workflow_signals)
+        .where(workflow_signals.c.source == source, workflow_signals.c.event_id == event_id)
+        .values(outcome=outcome, reason=reason, consumed_seq=consumed_seq)
+    )
+
+
+async def notify(session: AsyncSession, payload: str) -> None:
+    """Wake the workers (PostgreSQL, at commit); nothing on SQLite, whose workers poll."""
+    if _dialect(session) == "postgresql":
+        await session.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": NOTIFY_CHANNEL, "payload": payload[:7000]},
+        )
+
+
+async def list_instances(
+    session: AsyncSession,
+    *,
+    tenant: str | None = None,
+    name: str | None = None,
+    states: Sequence[str] = (),
+    limit: int = 100,
+) -> list[WorkflowRecord]:
+    """Instances, most recently changed first, filtered by tenant, name and states."""
+    query = select(workflow_instances).order_by(workflow_instances.c.updated_ms.desc()).limit(limit)
+    if tenant is not None:
+        query = query.where(workflow_instances.c.tenant == tenant)
+    if name is not None:
+        query = query.where(workflow_instances.c.name == name)
+    if states:
+        query = query.where(workflow_instances.c.state.in_(list(states)))
+    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+
+
+async def count_by_state(session: AsyncSession) -> dict[tuple[str, str], int]:
+    """Instances per (name, state)."""
+    rows = await session.execute(
+        select(workflow_instances.c.name, workflow_instances.c.state, func.count()).group_by(
+            workflow_instances.c.name, workflow_instances.c.state
+        )
+    )
+    return {(name, state): count for name, state, count in rows}
