@@ -93,6 +93,7 @@ async def run_action(
     heartbeat_s: float | None = None,
     wait_in_progress_s: float = 30.0,
     poll_backoff: Backoff | None = None,
+    keep_pending_when_exhausted: bool = False,
 ) -> ActionOutcome:
     """Run ``action(idempotency_key)`` at most once for ``(tenant, key)``; return the outcome.
 
@@ -107,6 +108,9 @@ async def run_action(
     :class:`~outboxkit.outbox.errors.TransientError`: ``max_attempts`` counts the operation's
     attempts, kept in the database so the count holds across restarts; ``max_elapsed_s`` is
     measured from the operation's first claim (database clock) to the end of the failed call.
+    With ``keep_pending_when_exhausted``, giving up leaves the operation PENDING (it certainly did
+    not happen) and raises the last :class:`~outboxkit.outbox.errors.TransientError`, for a
+    caller with a retry budget of its own (a workflow retries the state later).
 
     Waiting is not retrying: when another worker holds a live lease, the operation is looked
     at again after delays from ``poll_backoff`` (default :data:`DEFAULT_POLL`), or as soon as
@@ -128,7 +132,9 @@ async def run_action(
     heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
     if not heartbeat_s > 0:
         raise ValueError("heartbeat_s must be positive")
-    attempt = _Attempt(sessions, store, action, timeout_s, retry, lease_s, heartbeat_s)
+    attempt = _Attempt(
+        sessions, store, action, timeout_s, retry, lease_s, heartbeat_s, keep_pending_when_exhausted
+    )
     holder = new_holder()
     reconciled = False
     async with contextlib.AsyncExitStack() as waiting:
@@ -191,7 +197,9 @@ class _Attempt:
         retry: RetryPolicy,
         lease_s: float,
         heartbeat_s: float,
+        keep_pending_when_exhausted: bool = False,
     ) -> None:
+        self.keep_pending_when_exhausted = keep_pending_when_exhausted
         self.sessions = sessions
         self.store = store
         self.action = action
@@ -229,14 +237,15 @@ class _Attempt:
                 message = (
                     f"gave up after {lease.attempt} attempts in {elapsed_s:.1f}s; last: {message}"
                 )
-            final = delay is None
+            final = delay is None and not self.keep_pending_when_exhausted
             op = await self._settle(
                 lease,
                 lambda s: self.store.fail(s, lease, message, final=final, require_live_lease=True),
             )
             if final:
                 raise ActionFailedError(f"operation {lease.key!r} failed: {message}", op) from error
-            assert delay is not None
+            if delay is None:  # kept PENDING: the caller's own budget decides
+                raise TransientError(message) from error
             await asyncio.sleep(delay)
             return None
         except PermanentError as error:

@@ -375,6 +375,7 @@ class Advancer:
                 timeout_s=budget.step_timeout_s,
                 retry=_effect_retry(budget),
                 reconciler=spec.reconciler,
+                keep_pending_when_exhausted=True,
             )
         except Exception as error:
             failure = classify(error)

@@ -9,6 +9,7 @@ which calls :meth:`WorkflowEngine.run_due`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 from outboxkit.actions.hashing import canonical_json, params_hash
+from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.consumers.app import ANY_TYPE, ConsumerApp
 from outboxkit.outbox.errors import PermanentError
@@ -35,6 +37,7 @@ from outboxkit.workflows.metrics import SIGNALS
 from outboxkit.workflows.records import (
     COMPENSATING,
     HUMAN_REVIEW,
+    CompensationEntry,
     HistoryRecord,
     SignalRecord,
     Status,
@@ -377,7 +380,27 @@ class WorkflowEngine:
             review_from=None,
             open_unknown=current.open_unknown,
         )
+        if target == COMPENSATING and current.compensations:
+            change.compensations = await self._retry_compensation(session, current)
         return await write(session, self.sink, current, change, now)
+
+    async def _retry_compensation(
+        self, session: AsyncSession, current: WorkflowRecord
+    ) -> list[CompensationEntry]:
+        """The stack to resume with: a compensation that failed for good gets a new round.
+
+        One whose outcome is unknown must be resolved first (``outboxkit actions resolve``):
+        a new round could undo twice.
+        """
+        *rest, top = current.compensations
+        operation = await self.action_store.get(session, current.tenant, top.key)
+        if operation is not None and operation.state is State.UNKNOWN:
+            raise OperatorActionError(
+                f"compensation {top.key!r} has an unknown outcome: resolve it first"
+            )
+        if operation is not None and operation.state is State.FAILED_FINAL:
+            top = dataclasses.replace(top, round=top.round + 1)
+        return [*rest, top]
 
     async def escalate(
         self, session: AsyncSession, tenant: str, workflow_id: str, *, by: str, reason: str

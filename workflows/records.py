@@ -80,11 +80,14 @@ class CompensationEntry:
     effect_key: str
     params: Any
     authorised_by: str
+    round: int = 0
+    """Raised by an operator's resume after this compensation failed for good: a new try."""
 
     @property
     def key(self) -> str:
         """The compensation's own operation key (at most once, like every step)."""
-        return f"{self.effect_key}:undo"[:128]
+        suffix = ":undo" if self.round == 0 else f":undo:r{self.round}"
+        return f"{self.effect_key[: 128 - len(suffix)]}{suffix}"
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON form."""

@@ -25,9 +25,10 @@ class LiveRuntime:
     """Runs a handler's effects for real: each one an agent action, at most once per key.
 
     Inside an effect, the ledger retries a :class:`~outboxkit.outbox.errors.TransientError`
-    within the state's budget (capped backoff, full jitter); an effect that exhausts it fails
-    for good. Once a cancel is asked, a ``cancellable`` effect is not started: the ledger is
-    read instead, and an unknown outcome reconciled, so what already happened is known.
+    a few times within the handler's timeout (capped backoff, full jitter); when those are
+    spent the operation stays PENDING and the state is retried later within its budget. Once a
+    cancel is asked, a ``cancellable`` effect is not started: the ledger is read instead, and an
+    unknown outcome reconciled, so what already happened is known.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class LiveRuntime:
             timeout_s=call.timeout_s or self.timeout_s,
             retry=self.retry,
             reconciler=call.reconciler,
+            keep_pending_when_exhausted=True,
         )
         return EffectResult(call.key, outcome.result, outcome.executed, outcome.external_ref)
 
