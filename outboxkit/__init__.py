@@ -4,6 +4,7 @@ effect applied twice.
 The names a service needs are here; each subpackage has its own job (see the README's layout):
 ``outboxkit.outbox`` writes events, ``outboxkit.relay`` publishes them, ``outboxkit.consumers``
 applies them once, ``outboxkit.actions`` runs an agent's side effects at most once,
+``outboxkit.workflows`` runs durable state machines on all of them,
 ``outboxkit.ops`` and ``outboxkit.cli`` serve operators, ``outboxkit.testing`` serves test suites.
 
 Names load on first use (PEP 562): importing a subpackage, such as ``outboxkit.cli`` whose
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         new_event_id,
     )
     from outboxkit.relay import Relay, RelayOptions, RelayStats
+    from outboxkit.workflows import Workflow, WorkflowEngine, WorkflowWorker
 
 _HOMES = {
     "ActionStore": "outboxkit.actions",
@@ -56,6 +58,9 @@ _HOMES = {
     "operation_key": "outboxkit.actions",
     "run_action": "outboxkit.actions",
     "upgrade": "outboxkit.migrations",
+    "Workflow": "outboxkit.workflows",
+    "WorkflowEngine": "outboxkit.workflows",
+    "WorkflowWorker": "outboxkit.workflows",
 }
 
 __all__ = [
@@ -76,6 +81,9 @@ __all__ = [
     "RetryPolicy",
     "State",
     "TransientError",
+    "Workflow",
+    "WorkflowEngine",
+    "WorkflowWorker",
     "new_event",
     "new_event_id",
     "operation_key",
