@@ -412,11 +412,13 @@ async def test_a_quote_changed_after_the_approval_is_approved_again_before_the_o
 # -- exactly one order -----------------------------------------------------------------------
 
 
-async def test_exactly_one_order_when_the_worker_dies_after_the_supplier_committed(
+async def test_exactly_one_order_when_the_worker_stops_after_the_supplier_committed(
     pg_url: str,
 ) -> None:
-    """The worker dies while the supplier holds the reply of the committed order; the state
-    runs again on the next worker: the issue effect is reconciled by its key, not re-sent."""
+    """The worker is stopped mid-call (its task cancelled, as a shutdown does) while the
+    supplier holds the reply of the committed order; nothing of its run is recorded, and its
+    claim on the instance runs out. The state runs again on the next worker: the issue effect
+    is reconciled by its key, not re-sent."""
     async with purchase_orders(pg_url) as po:
         po.engine.lease_s = 2.0  # the dead worker's claim runs out quickly
         await to_approval(po)
@@ -427,7 +429,7 @@ async def test_exactly_one_order_when_the_worker_dies_after_the_supplier_committ
         hold = po.supplier.inject(Fault.HOLD_AFTER_COMMIT)
         worker = asyncio.create_task(po.engine.run_due())
         await wait_for(hold.reached.is_set, bool, 30, "the order committed at the supplier")
-        worker.cancel()  # the worker's process dies before the reply
+        worker.cancel()  # stopped before the reply
         with pytest.raises(asyncio.CancelledError):
             await worker
         hold.release()
