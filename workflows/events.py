@@ -60,12 +60,16 @@ def timer_event(
 def reminder_event(
     source: str, tenant: str, workflow_id: str, correlation: str, number: int, data: dict[str, Any]
 ) -> CloudEvent:
-    """Reminder number ``number`` that the wait ``correlation`` is still open."""
+    """Reminder number ``number`` that the wait ``correlation`` is still open.
+
+    Its id differs from the id of the timer that asked for it (same source): the outbox keeps
+    one row per ``(source, id)``, so a shared id would drop the reminder silently.
+    """
     return new_event(
         REMINDER,
         source,
         data,
-        id=f"{tenant}/{correlation}/reminder/{number}",
+        id=f"{tenant}/{correlation}/reminded/{number}",
         subject=workflow_id,
         partitionkey=workflow_id,
         extensions={
