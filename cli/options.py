@@ -134,7 +134,10 @@ def import_target(target: str, metavar: str, example: str) -> Any:
         raise CliError(f"cannot import module {module_name!r}: {error}") from None
     found: Any = module
     for part in attribute.split("."):
-        if not hasattr(found, part):
+        found = getattr(found, part, _MISSING)  # once: a module __getattr__ may build it
+        if found is _MISSING:
             raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
-        found = getattr(found, part)
     return found
+
+
+_MISSING = object()
