@@ -13,17 +13,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from outboxkit.cli.main import main
+from outboxkit.cli.main import _is_long_running, main
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import free_port
 from outboxkit.workflows import Status, request_hash
 from sqlalchemy import func, select
 
+from tests.cli.test_signals import wait_until_held
 from tests.support import workflow_ops as w
 from tests.support.actions import sessions_for
 from tests.support.kafka import wait_for
@@ -334,3 +336,39 @@ async def test_run_advances_workflows_serves_metrics_and_stops_on_sigterm(
             worker.wait(10)
     output = log.read_text()
     assert "workflow worker" in output and "started" in output and "stopped after" in output
+
+
+@pytest.mark.parametrize(
+    ("signum", "after_s"),
+    [(signal.SIGTERM, 0.0), (signal.SIGINT, 0.3), (signal.SIGTERM, None)],
+)
+def test_run_stopped_at_any_moment_of_start_up_exits_0(
+    sqlite_url: str, tmp_path: Path, signum: int, after_s: float | None
+) -> None:
+    log = tmp_path / "worker.log"
+    process = spawn_worker(["workflows", "run", APP, "--db-url", sqlite_url], sqlite_url, log)
+    try:
+        wait_until_held(process)
+        if after_s is None:
+            deadline = time.monotonic() + 60
+            while " started" not in log.read_text():
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        else:
+            time.sleep(after_s)
+        process.send_signal(signum)
+        assert process.wait(60) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert "Traceback" not in log.read_text()
+
+
+def test_only_workflows_run_keeps_the_stop_signals() -> None:
+    assert _is_long_running(["workflows", "run", APP])
+    assert _is_long_running(["--config", "f.toml", "workflows", "run", APP])
+    assert _is_long_running(["relay", "--db-url", "x"])
+    assert not _is_long_running(["workflows", "list", "--db-url", "x"])
+    assert not _is_long_running(["workflows", "--help"])
+    assert not _is_long_running(["--config", "run", "workflows", "show", "acme", "run"])
