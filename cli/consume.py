@@ -10,7 +10,6 @@ the event loop itself is blocked (a sync handler holding it).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import sys
@@ -30,6 +29,7 @@ from outboxkit.cli.options import (
     SslCafileOption,
     SslCertfileOption,
     SslKeyfileOption,
+    import_target,
     kafka_from,
     settings_from,
 )
@@ -50,20 +50,7 @@ log = logging.getLogger("outboxkit.consumer")
 
 def load_app(target: str) -> ConsumerApp:
     """Import ``module:attribute`` and return the :class:`ConsumerApp` it names."""
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        raise CliError(f"expected MODULE:APP (e.g. billing.consumers:app), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would, so local modules import
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise CliError(f"cannot import module {module_name!r}: {error}") from None
-    found = module
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
-        found = getattr(found, part)
+    found = import_target(target, "MODULE:APP", "billing.consumers:app")
     if not isinstance(found, ConsumerApp):
         raise CliError(f"{target} is a {type(found).__name__}, not an outboxkit ConsumerApp")
     if not found.handlers:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # Commands that run until stopped: they take over SIGTERM and SIGINT themselves (a stop is a
 # clean exit 0). Every other command keeps the default handlers.
-LONG_RUNNING = frozenset({"relay", "consume", "dev"})
+LONG_RUNNING = frozenset({"relay", "consume", "dev", "workflows run"})
 
 
 def build_app() -> typer.Typer:
@@ -32,6 +32,7 @@ def build_app() -> typer.Typer:
     from outboxkit.cli.outbox import outbox_app
     from outboxkit.cli.relay import relay
     from outboxkit.cli.status import status
+    from outboxkit.cli.workflows import workflows_app
     from outboxkit.outbox.config_file import use_config_file
 
     app = typer.Typer(
@@ -65,6 +66,7 @@ def build_app() -> typer.Typer:
     app.add_typer(actions_app, name="actions")
     app.add_typer(idempotency_app, name="idempotency")
     app.add_typer(dev_app, name="dev")
+    app.add_typer(workflows_app, name="workflows")
     return app
 
 
@@ -82,18 +84,30 @@ def main(argv: list[str] | None = None) -> None:
     """
     signals.hold()
     args = sys.argv[1:] if argv is None else list(argv)
-    run_app(build_app(), args, keep_signals_held=_command_of(args) in LONG_RUNNING)
+    run_app(build_app(), args, keep_signals_held=_is_long_running(args))
 
 
-def _command_of(args: list[str]) -> str | None:
-    """The command named in ``args``, past the root options (``--config FILE``)."""
+def _is_long_running(args: list[str]) -> bool:
+    """True for a command in :data:`LONG_RUNNING`, or a sub-command there (``workflows run``)."""
+    words = _words(args)
+    return bool(words) and (words[0] in LONG_RUNNING or " ".join(words[:2]) in LONG_RUNNING)
+
+
+def _words(args: list[str]) -> list[str]:
+    """The command and sub-command named in ``args``, past the root options (``--config F``)."""
+    found: list[str] = []
     rest = iter(args)
     for arg in rest:
-        if arg == "--config":
+        if arg == "--config" and not found:
             next(rest, None)
-        elif not arg.startswith("-"):
-            return arg
-    return None
+        elif arg.startswith("-"):
+            if found:
+                break  # the command's own options: a sub-command comes before them
+        else:
+            found.append(arg)
+            if len(found) == 2:
+                break
+    return found
 
 
 def run_app(app: typer.Typer, args: list[str], *, keep_signals_held: bool = False) -> None:

@@ -3,7 +3,10 @@ one parser of durations and times that every command uses."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -112,3 +115,29 @@ def parse_time(text: str, now_ms: int, option: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def import_target(target: str, metavar: str, example: str) -> Any:
+    """Import ``module:attribute`` (``metavar`` in messages) and return the object it names.
+
+    The current directory is importable, as with ``python -m``. A malformed target, a module
+    that does not import or a missing attribute is one :class:`CliError` line.
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise CliError(f"expected {metavar} (e.g. {example}), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise CliError(f"cannot import module {module_name!r}: {error}") from None
+    found: Any = module
+    for part in attribute.split("."):
+        found = getattr(found, part, _MISSING)  # once: a module __getattr__ may build it
+        if found is _MISSING:
+            raise CliError(f"module {module_name!r} has no attribute {attribute!r}")
+    return found
+
+
+_MISSING = object()
