@@ -5,20 +5,33 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from outboxkit.actions.errors import ActionOutcomeUnknownError
+from outboxkit.actions.errors import ActionFailedError, ActionOutcomeUnknownError
 from outboxkit.actions.reconcile import reconcile_one
 from outboxkit.actions.runner import run_action
 from outboxkit.actions.states import State
 from outboxkit.actions.steps import Actions, Step
 from outboxkit.outbox.backoff import Backoff
-from outboxkit.outbox.errors import TransientError
+from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.workflows import store
 from outboxkit.workflows.context import EffectCall, EffectResult, WorkflowContext
-from outboxkit.workflows.errors import WorkflowCancelledError
+from outboxkit.workflows.errors import AuthorizationError, PolicyError, WorkflowCancelledError
 
 if TYPE_CHECKING:
     from outboxkit.workflows.engine import WorkflowEngine
+
+
+class RefusedError(PermanentError):
+    """An effect's call refused for authority or policy: nothing happened downstream.
+
+    The ledger records the operation as failed for good (never UNKNOWN, so never reconciled
+    and called again with the same credential); the handler gets the original error, and the
+    engine answers its class (human_review).
+    """
+
+    def __init__(self, error: AuthorizationError | PolicyError) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
 
 
 class LiveRuntime:
@@ -45,18 +58,30 @@ class LiveRuntime:
         """Run (or replay) one keyed effect through the ledger."""
         if call.cancellable and await self._cancel_requested(ctx):
             return await self._settle_cancelled(ctx, call)
-        outcome = await run_action(
-            self.engine.sessions,
-            self.engine.action_store,
-            call.run,
-            tenant=ctx.tenant,
-            key=call.key,
-            action_type=call.action_type,
-            params=call.params,
-            timeout_s=call.timeout_s or self.timeout_s,
-            retry=self.retry,
-            reconciler=call.reconciler,
-        )
+
+        async def run(idempotency_key: str) -> Any:
+            try:
+                return await call.run(idempotency_key)
+            except (AuthorizationError, PolicyError) as error:
+                raise RefusedError(error) from error
+
+        try:
+            outcome = await run_action(
+                self.engine.sessions,
+                self.engine.action_store,
+                run,
+                tenant=ctx.tenant,
+                key=call.key,
+                action_type=call.action_type,
+                params=call.params,
+                timeout_s=call.timeout_s or self.timeout_s,
+                retry=self.retry,
+                reconciler=call.reconciler,
+            )
+        except ActionFailedError as failed:
+            if isinstance(failed.__cause__, RefusedError):
+                raise failed.__cause__.error from failed  # classified as what it is
+            raise
         return EffectResult(call.key, outcome.result, outcome.executed, outcome.external_ref)
 
     async def step(

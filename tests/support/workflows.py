@@ -20,8 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from outboxkit.actions import ActionStore
-from outboxkit.outbox import Outbox, OutcomeUnknownError, new_event
+from outboxkit.actions import ActionStore, OperationRecord, ReconcileOutcome, Unclear
+from outboxkit.outbox import Outbox, OutcomeUnknownError, TransientError, new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.workflows import (
     AuthorizationError,
@@ -31,6 +31,7 @@ from outboxkit.workflows import (
     Goto,
     HmacVerifier,
     Next,
+    PolicyError,
     Wait,
     Workflow,
     WorkflowContext,
@@ -65,6 +66,19 @@ class World:
     effect_gate: asyncio.Event | None = None
     """When set, the refund waits for it (after its call began): a test cancels meanwhile."""
     effect_started: asyncio.Event = field(default_factory=asyncio.Event)
+    lookup_down: bool = False
+    """The provider's lookup answers nothing useful: reconciling stays unclear."""
+    policy_refuses: bool = False
+    refund_transient: bool = False
+    """Every refund call fails with a TransientError before reaching the provider."""
+    intake_transient: bool = False
+    """Every run of intake fails with a TransientError."""
+    calls: dict[str, int] = field(default_factory=dict)
+    """Runs of intake and refund calls, counted."""
+
+    def count(self, what: str) -> None:
+        """Count one call of ``what``."""
+        self.calls[what] = self.calls.get(what, 0) + 1
 
     def use_token(self, token: str) -> None:
         """Count a call made with ``token``; a revoked one is refused."""
@@ -124,6 +138,9 @@ def build(version: int = 1, *, step_timeout_s: float = 5.0, max_attempts: int = 
 
     @wf.state("intake")
     async def intake(ctx: WorkflowContext) -> Next:
+        WORLD.count("intake")
+        if WORLD.intake_transient:
+            raise TransientError("the intake service is unavailable")
         ctx.data["record_version"] = await record_version(ctx)
         if version >= 2:
             ctx.data["flow"] = "v2"
@@ -150,10 +167,15 @@ def build(version: int = 1, *, step_timeout_s: float = 5.0, max_attempts: int = 
     @wf.state("execute")
     async def execute(ctx: WorkflowContext) -> Next:
         ctx.require_approval(approval_request(ctx.input, await record_version(ctx)))
+        if WORLD.policy_refuses:
+            raise PolicyError("refunds to this charge are blocked by policy")
         client = PaymentsClient(ctx.input["provider_url"], account=ctx.tenant, timeout_s=10)
         params = {k: ctx.input[k] for k in ("charge_id", "amount_cents", "currency")}
 
         async def refund(idempotency_key: str) -> Any:
+            WORLD.count("refund")
+            if WORLD.refund_transient:
+                raise TransientError("the provider answered 503")
             WORLD.use_token(ctx.input["token"])
             if WORLD.effect_gate is not None:
                 WORLD.effect_started.set()
@@ -161,8 +183,14 @@ def build(version: int = 1, *, step_timeout_s: float = 5.0, max_attempts: int = 
             return await client.refund(idempotency_key, **params)
 
         key = f"{ctx.workflow_id}:refund:v{version}"
+
+        async def lookup(operation: OperationRecord) -> ReconcileOutcome:
+            if WORLD.lookup_down:
+                return Unclear("the provider's lookup is down")
+            return await client.reconcile(operation)
+
         result = await ctx.effect(
-            "payments.refund", key=key, params=params, run=refund, reconciler=client.reconcile
+            "payments.refund", key=key, params=params, run=refund, reconciler=lookup
         )
         ctx.compensate_with("payments.reverse", {"refund_id": result["id"]}, effect_key=key)
         ctx.data["refund_id"] = result["id"]
