@@ -94,6 +94,7 @@ async def run_action(
     wait_in_progress_s: float = 30.0,
     poll_backoff: Backoff | None = None,
     keep_pending_when_exhausted: bool = False,
+    refusals: tuple[type[Exception], ...] = (),
 ) -> ActionOutcome:
     """Run ``action(idempotency_key)`` at most once for ``(tenant, key)``; return the outcome.
 
@@ -110,7 +111,10 @@ async def run_action(
     measured from the operation's first claim (database clock) to the end of the failed call.
     With ``keep_pending_when_exhausted``, giving up leaves the operation PENDING (it certainly did
     not happen) and raises the last :class:`~outboxkit.outbox.errors.TransientError`, for a
-    caller with a retry budget of its own (a workflow retries the state later).
+    caller with a retry budget of its own (a workflow retries the state later). An exception of
+    one of the ``refusals`` classes means the downstream refused before doing anything (an
+    expired credential, a policy): the operation stays PENDING, nothing is retried now, and the
+    exception propagates as it is.
 
     Waiting is not retrying: when another worker holds a live lease, the operation is looked
     at again after delays from ``poll_backoff`` (default :data:`DEFAULT_POLL`), or as soon as
@@ -133,7 +137,15 @@ async def run_action(
     if not heartbeat_s > 0:
         raise ValueError("heartbeat_s must be positive")
     attempt = _Attempt(
-        sessions, store, action, timeout_s, retry, lease_s, heartbeat_s, keep_pending_when_exhausted
+        sessions,
+        store,
+        action,
+        timeout_s,
+        retry,
+        lease_s,
+        heartbeat_s,
+        keep_pending_when_exhausted,
+        refusals,
     )
     holder = new_holder()
     reconciled = False
@@ -198,8 +210,10 @@ class _Attempt:
         lease_s: float,
         heartbeat_s: float,
         keep_pending_when_exhausted: bool = False,
+        refusals: tuple[type[Exception], ...] = (),
     ) -> None:
         self.keep_pending_when_exhausted = keep_pending_when_exhausted
+        self.refusals = refusals
         self.sessions = sessions
         self.store = store
         self.action = action
@@ -228,6 +242,13 @@ class _Attempt:
             reason = f"no answer within {self.timeout_s:g}s; the action may have taken effect"
             op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, reason))
             raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
+        except self.refusals as error:
+            message = f"refused: {_describe(error)}"
+            await self._settle(
+                lease,
+                lambda s: self.store.fail(s, lease, message, final=False, require_live_lease=True),
+            )
+            raise
         except TransientError as error:
             claim = claimed.operation
             elapsed_s = (claim.updated_ms - claim.created_ms) / 1000 + time.monotonic() - started

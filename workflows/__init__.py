@@ -17,6 +17,7 @@ from outboxkit.workflows.errors import (
     ApprovalStaleError,
     AuthorizationError,
     ConflictError,
+    NondeterminismError,
     OperatorActionError,
     PolicyError,
     WorkflowCancelledError,
@@ -27,6 +28,7 @@ from outboxkit.workflows.errors import (
 )
 from outboxkit.workflows.failures import Budget, FailureClass, classify
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
+from outboxkit.workflows.replay import ReplayReport, history_from_json, replay
 from outboxkit.workflows.signatures import HmacVerifier, SignalVerifier, sign
 from outboxkit.workflows.worker import WorkflowWorker
 
@@ -42,8 +44,10 @@ __all__ = [
     "HistoryRecord",
     "HmacVerifier",
     "Next",
+    "NondeterminismError",
     "OperatorActionError",
     "PolicyError",
+    "ReplayReport",
     "SignalRecord",
     "SignalVerifier",
     "Status",
@@ -59,6 +63,8 @@ __all__ = [
     "WorkflowRecord",
     "WorkflowWorker",
     "classify",
+    "history_from_json",
+    "replay",
     "request_hash",
     "sign",
 ]

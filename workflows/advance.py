@@ -222,9 +222,15 @@ class Advancer:
                 sink.source, record.tenant, record.workflow_id, spec.correlation, "reminder", 1
             )
             events.append((reminder, sink.signals_topic, _instant(now + spec.remind_every_ms)))
-        decision = wait.decision
+        # The wait as decided (what it awaits and where each answer leads) is part of the
+        # record: a replay of the history compares it with what the code decides now.
+        decision: dict[str, Any] = {
+            "on": spec.on,
+            "on_deadline": spec.on_deadline,
+            "decision": wait.decision,
+        }
         if spec.request_hash is not None:
-            decision = {"awaiting_approval_of": spec.request_hash, "decision": wait.decision}
+            decision["awaiting_approval_of"] = spec.request_hash
         return Change(
             kind="wait",
             to_state=record.state,

@@ -65,7 +65,9 @@ class WorkflowEngine:
     :meth:`consumer_app` consumes back together with the signals other systems send there.
     ``verifier`` authenticates those signals (fail closed: with none, only the engine's own
     timers are taken). ``clock`` (seconds since the epoch) is the business clock of deadlines
-    and timers; tests replace it.
+    and timers; tests replace it. ``lease_s`` is how long a worker holds an instance it runs;
+    keep it above the handlers' timeouts, or a slow run may be overtaken by another worker
+    (safe, since effects are keyed, but wasted work).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class WorkflowEngine:
         verifier: SignalVerifier | None = None,
         clock: Callable[[], float] = time.time,
         action_store: ActionStore | None = None,
+        lease_s: float | None = None,
     ) -> None:
         self.registry = Registry(list(definitions))
         self.sessions = sessions
@@ -99,8 +102,11 @@ class WorkflowEngine:
             for definition in self.registry
             for spec in definition.states.values()
         )
-        self.lease_s = 2 * longest + 10.0
-        """How long a worker holds an instance: twice the longest handler timeout, plus 10 s."""
+        self.lease_s = lease_s if lease_s is not None else 2 * longest + 10.0
+        """How long a worker holds an instance (default: twice the longest handler timeout, plus
+        10 s); an instance whose worker died is claimed again when it ends."""
+        if self.lease_s <= 0:
+            raise ValueError("lease_s must be positive")
         self._advancer = Advancer(self)
 
     def now_ms(self) -> int:

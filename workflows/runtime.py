@@ -15,10 +15,17 @@ from outboxkit.outbox.errors import TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.workflows import store
 from outboxkit.workflows.context import EffectCall, EffectResult, WorkflowContext
-from outboxkit.workflows.errors import WorkflowCancelledError
+from outboxkit.workflows.errors import AuthorizationError, PolicyError, WorkflowCancelledError
 
 if TYPE_CHECKING:
     from outboxkit.workflows.engine import WorkflowEngine
+
+
+REFUSALS: tuple[type[Exception], ...] = (AuthorizationError, PolicyError)
+"""What an effect's call raises when it was refused for authority or policy: nothing happened
+downstream, so the operation stays PENDING (never UNKNOWN: it is not reconciled and called
+again with the same credential), and the handler gets the error itself, answered by its class
+(human_review). Once a person has given fresh authority, resuming runs it again."""
 
 
 class LiveRuntime:
@@ -58,6 +65,7 @@ class LiveRuntime:
             retry=self.retry,
             reconciler=call.reconciler,
             keep_pending_when_exhausted=True,
+            refusals=REFUSALS,
         )
         return EffectResult(call.key, outcome.result, outcome.executed, outcome.external_ref)
 
