@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.outbox.clock import db_now_ms
@@ -42,6 +43,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("outboxkit.relay")
 # pgoutput messages per outbox row in the usual transaction: Begin, Insert, Commit.
 MESSAGES_PER_ROW = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Transactions read from the slot: their rows to publish, the last one's end, how many
+    messages they took and whether the read came full (more may follow)."""
+
+    rows: list[ClaimedRow]
+    end_lsn: int
+    messages: int
+    full: bool
 
 
 class LogicalStream:
@@ -132,27 +144,57 @@ class LogicalStream:
 
     async def _stream(self, until: float, stop: asyncio.Event) -> int:
         """Publish and confirm transactions from the slot while there are more (until the
-        lease is due for renewal); return how many rows were published."""
+        lease is due for renewal); return how many rows were published.
+
+        Three things overlap: batch N is in flight to Kafka while batch N-1 is confirmed
+        (deleted, slot advanced) and batch N+1 is read. N+1 is read after N-1's confirmation,
+        skipping N's messages (the slot gives them again until N is confirmed), so what is
+        skipped is exactly what is in flight.
+        """
         assert self.slot is not None
         relay = self.relay
         await relay.publisher.start()
         total = 0
+        batch = await self._read(skip=0)
+        confirming: asyncio.Future[int] | None = None
+        try:
+            while batch is not None:
+                sending = asyncio.ensure_future(self._publish(batch.rows))
+                next_batch = None
+                try:
+                    if confirming is not None:
+                        total += await confirming
+                        confirming = None
+                    if batch.full and time.monotonic() < until and not stop.is_set():
+                        next_batch = await self._read(skip=batch.messages)
+                finally:
+                    published = await sending
+                confirming = asyncio.ensure_future(self._confirm(batch.end_lsn, published))
+                batch = next_batch
+        finally:
+            if confirming is not None:
+                total += await confirming
+        return total
+
+    async def _read(self, skip: int) -> _Batch | None:
+        """The next transactions after the first ``skip`` messages past the confirmed
+        position, decoded; ``None`` if there are none."""
+        assert self.slot is not None
         wanted = self.options.batch_size * MESSAGES_PER_ROW
-        while True:
-            messages = await self.slot.peek(wanted)
-            if not messages:
-                return total
-            transactions = self.decoder.transactions(messages)
-            if not transactions:
-                return total
-            rows = _rows([values for each in transactions for values in each.inserts])
-            published = await self._publish(rows)
-            await self.slot.confirm(transactions[-1].end_lsn, published)
-            relay.stats.published += len(published)
-            total += len(published)
-            metrics.PUBLISHED.inc(len(published))
-            if len(messages) < wanted or time.monotonic() >= until or stop.is_set():
-                return total
+        messages = await self.slot.peek(wanted, skip=skip)
+        transactions = self.decoder.transactions(messages)
+        if not transactions:
+            return None
+        rows = _rows([values for each in transactions for values in each.inserts])
+        counted = sum(1 for message in messages if message[:1] != b"R")
+        return _Batch(rows, transactions[-1].end_lsn, counted, counted >= wanted)
+
+    async def _confirm(self, end_lsn: int, published: list[int]) -> int:
+        assert self.slot is not None
+        await self.slot.confirm(end_lsn, published)
+        self.relay.stats.published += len(published)
+        metrics.PUBLISHED.inc(len(published))
+        return len(published)
 
     async def _publish(self, rows: list[ClaimedRow]) -> list[int]:
         """Publish ``rows`` (in chunks of ``batch_size``); hand failed rows to the table;

@@ -19,15 +19,19 @@ from outboxkit.outbox.errors import OutboxError
 from sqlalchemy import BigInteger, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 PUBLICATION = "outboxkit_outbox"
 PLUGIN = "pgoutput"
+# Relation messages ('R' = 82) are sent once per decoding session, so the same transactions
+# read again carry them at other places: ``skip`` counts the other messages only.
 _PEEK = text(
-    "SELECT data FROM pg_logical_slot_peek_binary_changes(:slot, NULL, :changes, "
-    "'proto_version', '1', 'publication_names', :publication, 'binary', 'true')"
+    "SELECT data FROM (SELECT data, get_byte(data, 0) = 82 AS relation, "
+    "count(*) FILTER (WHERE get_byte(data, 0) <> 82) OVER (ROWS UNBOUNDED PRECEDING) AS n "
+    "FROM pg_logical_slot_peek_binary_changes(:slot, NULL, :changes, 'proto_version', '1', "
+    "'publication_names', :publication, 'binary', 'true')) AS messages "
+    "WHERE n > :skip OR relation"
 )
-# asyncpg takes and gives pg_lsn as an integer.
 _ADVANCE = text("SELECT pg_replication_slot_advance(:slot, :lsn)")
 _DELETE = text("DELETE FROM outbox_events WHERE id = ANY(:ids)").bindparams(
     bindparam("ids", type_=ARRAY(BigInteger))
@@ -83,12 +87,15 @@ async def require_logical(engine: AsyncEngine) -> None:
 
 @dataclass(frozen=True)
 class SlotLag:
-    """A logical slot of this database and how far its confirmed position trails the WAL."""
+    """A logical slot of this database: how far its confirmed position trails the WAL, how
+    much WAL it keeps, and the age of the oldest outbox insert not yet confirmed (the oldest
+    unpublished, unscheduled row: logical mode deletes rows as it confirms them)."""
 
     name: str
     active: bool
     lag_bytes: int
     retained_bytes: int
+    oldest_unconfirmed_age_s: float | None
 
 
 class Slot:
@@ -129,13 +136,21 @@ class Slot:
             )
             return True
 
-    async def peek(self, changes: int) -> list[bytes]:
-        """The pgoutput messages after the confirmed position: whole transactions, stopping
-        after the one that reaches ``changes`` messages. Nothing is consumed."""
+    async def peek(self, changes: int, skip: int = 0) -> list[bytes]:
+        """The pgoutput messages after the confirmed position, less the first ``skip`` (not
+        counting relation messages, which are always returned): whole transactions, stopping
+        after the one that reaches ``changes`` more messages. Nothing is consumed (the server
+        decodes the skipped ones again, but does not send them)."""
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             result = await conn.execute(
-                _PEEK, {"slot": self.name, "changes": changes, "publication": PUBLICATION}
+                _PEEK,
+                {
+                    "slot": self.name,
+                    "changes": skip + changes,
+                    "publication": PUBLICATION,
+                    "skip": skip,
+                },
             )
             return [row[0] for row in result]
 
@@ -171,17 +186,27 @@ class Slot:
         return bool(dropped)
 
 
-async def slot_lags(engine: AsyncEngine) -> list[SlotLag]:
-    """The logical slots of ``engine``'s database: confirmed lag and WAL retained, in bytes."""
-    if engine.dialect.name != "postgresql":
+async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
+    """The logical slots of the connection's database (none on SQLite)."""
+    if conn.dialect.name != "postgresql":
         return []
     query = text(
         "SELECT slot_name, active, "
         "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint AS lag, "
-        "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint AS retained "
+        "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint AS retained, "
+        "(SELECT extract(epoch FROM clock_timestamp()) * 1000 - min(created_ms) "
+        " FROM outbox_events WHERE published_ms IS NULL AND parked_ms IS NULL "
+        " AND deliver_at_ms IS NULL) AS age_ms "
         "FROM pg_replication_slots WHERE slot_type = 'logical' "
         "AND database = current_database() ORDER BY slot_name"
     )
-    async with engine.connect() as conn:
-        rows = await conn.execute(query)
-        return [SlotLag(row.slot_name, bool(row.active), row.lag, row.retained) for row in rows]
+    return [
+        SlotLag(
+            row.slot_name,
+            bool(row.active),
+            int(row.lag),
+            int(row.retained),
+            None if row.age_ms is None else max(0.0, float(row.age_ms)) / 1000,
+        )
+        for row in await conn.execute(query)
+    ]
