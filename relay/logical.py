@@ -65,6 +65,7 @@ class LogicalStream:
         self.slot: Slot | None = None
         self.decoder = Decoder()
         self._ready = False  # the slot exists and the rows before it were published
+        self._next_table_claim = 0.0
         now = db_now_ms("postgresql")
         rows = outbox_events.c
         handed_over = rows.deliver_at_ms.is_(None) & rows.last_error.is_not(None)
@@ -116,7 +117,13 @@ class LogicalStream:
                     self._ready = True
                 relay._wake.clear()
                 worked = await self._stream(until=next_heartbeat, stop=stop)
-                worked += await self._table_rows()
+                if time.monotonic() >= self._next_table_claim:
+                    # Due timers and retries: no commit wakes them, so they are looked for
+                    # once per poll interval (and when the next timer is due), not per wake-up.
+                    claimed = await self._table_rows()
+                    if not claimed:
+                        self._next_table_claim = time.monotonic() + self.options.poll_interval_s
+                    worked += claimed
                 relay.database.succeeded()
             except DATABASE_ERRORS as error:
                 await relay._fail_if_not_migrated(error)
@@ -140,6 +147,9 @@ class LogicalStream:
             wait_s = min(self.options.poll_interval_s, max(0.0, next_heartbeat - time.monotonic()))
             if next_due_s is not None:
                 wait_s = min(wait_s, next_due_s + 0.002)
+                self._next_table_claim = min(
+                    self._next_table_claim, time.monotonic() + next_due_s + 0.002
+                )
             await wait_any(stop, relay._wake, wait_s)
 
     async def _stream(self, until: float, stop: asyncio.Event) -> int:
@@ -255,14 +265,22 @@ class LogicalStream:
         return len(rows)
 
     async def _catch_up(self, stop: asyncio.Event) -> None:
-        """Publish the rows written before the slot existed, with the polling claim (rows
-        committed since are published again from the slot: duplicates, never a loss)."""
+        """Publish the rows written before the slot existed, with the polling claim.
+
+        Only rows up to the highest id seen once the slot exists: rows written later are in
+        the slot. A row with a lower id committed after the slot was made is published twice
+        (a duplicate, never a loss).
+        """
+        async with self.relay.engine.connect() as conn:
+            highest = await conn.scalar(select(func.max(outbox_events.c.id)))
+        if highest is None:
+            return
         while not stop.is_set():
-            rows = await self.relay.claims.claim(self.options.batch_size)
-            if rows:
-                await self._publish_claimed(rows)
-            if len(rows) < self.options.batch_size:
+            claimed = await self.relay.claims.claim(self.options.batch_size)
+            rows = [row for row in claimed if row.id <= highest]
+            if not rows:
                 return
+            await self._publish_claimed(rows)
 
     async def _publish_claimed(self, rows: list[ClaimedRow]) -> None:
         relay = self.relay
