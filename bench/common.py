@@ -40,18 +40,26 @@ def sample_events(count: int, data_bytes: int, keys: int, source: str = "/bench"
     ]
 
 
-def bulk_fill(url: str, topic: str, events: list, chunk: int = 5000) -> None:
-    """Insert encoded events straight into the outbox (set-up only, not what is measured)."""
+def bulk_fill(
+    url: str, topic: str, events: list, chunk: int = 5000, per_transaction: int | None = None
+) -> None:
+    """Insert encoded events straight into the outbox (set-up only, not what is measured).
+
+    One transaction for all, or one per ``per_transaction`` events (a logical slot then sees
+    many small transactions, as from many producers)."""
     engine = make_engine(url)
     now_ms = int(time.time() * 1000)
-    with engine.begin() as conn:
-        for start in range(0, len(events), chunk):
-            times = {"created_ms": now_ms, "available_ms": now_ms, "attempts": 0}
-            rows = [
-                outbox_row(encode_binary(event), topic) | times
-                for event in events[start : start + chunk]
-            ]
-            conn.execute(outbox_events.insert(), rows)
+    size = per_transaction or len(events) or 1
+    times = {"created_ms": now_ms, "available_ms": now_ms, "attempts": 0}
+    for first in range(0, len(events), size):
+        with engine.begin() as conn:
+            part = events[first : first + size]
+            for start in range(0, len(part), chunk):
+                rows = [
+                    outbox_row(encode_binary(event), topic) | times
+                    for event in part[start : start + chunk]
+                ]
+                conn.execute(outbox_events.insert(), rows)
     engine.dispose()
 
 

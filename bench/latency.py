@@ -8,7 +8,9 @@ the time its handler ran (commit-to-effect: relay, broker, fetch, decoding, inbo
 handler; the chunk's database commit follows within a few ms). Both run from the moment the
 writer's COMMIT returned (the writer process records it per event). Usage:
 
-    python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer]
+    python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer] [--modes poll,logical]
+
+``--modes`` runs the relay in each mode in turn (a fresh database each), reported side by side.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -127,7 +130,13 @@ def since_commit(committed: dict[int, float], times: dict[int, float]) -> list[f
 
 
 async def measure(
-    url: str, bootstrap: str, rate: int, seconds: float, consume: bool, logs: Path
+    url: str,
+    bootstrap: str,
+    rate: int,
+    seconds: float,
+    consume: bool,
+    logs: Path,
+    mode: str = "poll",
 ) -> tuple[list[float], list[float]]:
     """Commit-to-Kafka latencies, and commit-to-effect ones if ``consume``."""
     topic = f"lat-{uuid.uuid4().hex[:6]}"
@@ -144,6 +153,8 @@ async def measure(
                 "5",
                 "--retention",
                 "3600",
+                "--mode",
+                mode,
             ],
             logs / "relay.log",
         )
@@ -207,32 +218,39 @@ def main() -> None:
     parser.add_argument(
         "--no-consumer", action="store_true", help="only commit-to-Kafka, no consumer process"
     )
+    parser.add_argument("--modes", default="poll", help="relay modes, comma-separated")
     args = parser.parse_args()
     consume = not args.no_consumer
-    with tempfile.TemporaryDirectory() as logs, kafka() as bootstrap, postgres_database() as url:
-        to_kafka, to_effect = asyncio.run(
-            measure(url, bootstrap, args.rate, args.seconds, consume, Path(logs))
-        )
     expected = int(args.rate * args.seconds)
-    assert len(to_kafka) == expected, f"received {len(to_kafka)} of {expected}"
-    if consume:
-        assert len(to_effect) == expected, f"{len(to_effect)} effects of {expected}"
     rows: list[list] = []
-    data: dict = {"rate": args.rate, "events": expected}
-    for name, values, p50_target, p99_target in (
-        ("commit-to-Kafka", to_kafka, 10.0, 50.0),
-        ("commit-to-effect", to_effect, "-", "-"),
-    ):
-        if not values:
-            continue
-        p50, p99 = percentile(values, 50), percentile(values, 99)
-        rows += [
-            [name, "p50", p50, p50_target],
-            [name, "p99", p99, p99_target],
-            [name, "mean", statistics.fmean(values), "-"],
-        ]
-        key = name.replace("-", "_").lower()
-        data.update({f"{key}_p50_ms": p50, f"{key}_p99_ms": p99, f"{key}_max_ms": max(values)})
+    data: dict = {"rate": args.rate, "events": expected, "load_average": os.getloadavg()}
+    for mode in args.modes.split(","):
+        with (
+            tempfile.TemporaryDirectory() as logs,
+            kafka() as bootstrap,
+            postgres_database() as url,
+        ):
+            to_kafka, to_effect = asyncio.run(
+                measure(url, bootstrap, args.rate, args.seconds, consume, Path(logs), mode)
+            )
+        assert len(to_kafka) == expected, f"received {len(to_kafka)} of {expected}"
+        if consume:
+            assert len(to_effect) == expected, f"{len(to_effect)} effects of {expected}"
+        suffix = "" if mode == "poll" else f"_{mode}"
+        for name, values, p50_target, p99_target in (
+            ("commit-to-Kafka", to_kafka, 10.0, 50.0 if mode == "poll" else 20.0),
+            ("commit-to-effect", to_effect, "-", "-"),
+        ):
+            if not values:
+                continue
+            p50, p99 = percentile(values, 50), percentile(values, 99)
+            rows += [
+                [f"{name} ({mode})", "p50", p50, p50_target],
+                [f"{name} ({mode})", "p99", p99, p99_target],
+                [f"{name} ({mode})", "mean", statistics.fmean(values), "-"],
+            ]
+            key = name.replace("-", "_").lower() + suffix
+            data.update({f"{key}_p50_ms": p50, f"{key}_p99_ms": p99, f"{key}_max_ms": max(values)})
     report(
         "latency",
         f"latency at {args.rate}/s for {args.seconds:.0f}s (LISTEN/NOTIFY)",

@@ -1,23 +1,29 @@
 """Relay throughput against the ceiling: a raw aiokafka idempotent producer, same events.
 
-Both publish N CloudEvents of about 1 KB (binary mode, same headers, keys and values) to a
-topic of their own on the same broker. The raw producer sends from memory; the relay drains
-the same events from a PostgreSQL outbox (claim, publish, mark). Usage:
+All publish N CloudEvents of about 1 KB (binary mode, same headers, keys and values) to a
+topic of their own on the same broker. The raw producer sends from memory; the polling relay
+drains the same events from a PostgreSQL outbox (claim, publish, mark); the logical relay reads
+them from a replication slot created before they were written, in transactions of
+``--per-transaction`` events (decode, publish, delete, advance). Usage:
 
-    python -m bench.relay_throughput [--events 50000] [--keys 100]
+    python -m bench.relay_throughput [--events 50000] [--keys 100] [--per-transaction 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 import uuid
 
 from aiokafka import AIOKafkaProducer
 from outboxkit.outbox import encode_binary
+from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
+from outboxkit.relay.slot import Slot, default_slot_name
+from sqlalchemy import text
 
 from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
 
@@ -48,7 +54,9 @@ async def raw_producer(bootstrap: str, topic: str, events: list) -> float:
         await producer.stop()
 
 
-async def relay_drain(url: str, bootstrap: str, topic: str) -> tuple[float, int]:
+async def relay_drain(
+    url: str, bootstrap: str, topic: str, mode: str = "poll"
+) -> tuple[float, int]:
     """Seconds for the relay to drain the outbox, and how many rows it published."""
     warm = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await warm.start()
@@ -57,7 +65,7 @@ async def relay_drain(url: str, bootstrap: str, topic: str) -> tuple[float, int]
     relay = Relay(
         db_url=url,
         kafka=KafkaSettings(bootstrap=bootstrap),
-        options=RelayOptions(batch_size=1000, retention_s=3600, listen=False),
+        options=RelayOptions(batch_size=1000, retention_s=3600, listen=False, mode=mode),
     )
     started = time.perf_counter()
     published = await relay.drain(timeout_s=600)
@@ -69,15 +77,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--per-transaction", type=int, default=10)
     args = parser.parse_args()
     events = sample_events(args.events, 1000, args.keys)
-    with kafka() as bootstrap, postgres_database() as url:
+    with kafka() as bootstrap, postgres_database() as url, postgres_database() as logical_url:
         topic = f"relay-{uuid.uuid4().hex[:6]}"
         bulk_fill(url, topic, events)
+        logical_topic = f"logical-{uuid.uuid4().hex[:6]}"
+        asyncio.run(create_slot(logical_url))
+        bulk_fill(logical_url, logical_topic, events, per_transaction=args.per_transaction)
         raw_s = asyncio.run(raw_producer(bootstrap, f"raw-{uuid.uuid4().hex[:6]}", events))
         relay_s, published = asyncio.run(relay_drain(url, bootstrap, topic))
+        logical_s, logical_published = asyncio.run(
+            relay_drain(logical_url, bootstrap, logical_topic, mode="logical")
+        )
     assert published == args.events, f"relay published {published} of {args.events}"
+    assert logical_published == args.events, f"logical {logical_published} of {args.events}"
     raw_rate, relay_rate = args.events / raw_s, args.events / relay_s
+    logical_rate = args.events / logical_s
     ratio = relay_rate / raw_rate
     report(
         "relay_throughput",
@@ -85,7 +102,8 @@ def main() -> None:
         ["side", "seconds", "events/s"],
         [
             ["raw aiokafka idempotent producer", raw_s, raw_rate],
-            ["relay (PostgreSQL)", relay_s, relay_rate],
+            ["relay, poll mode (PostgreSQL)", relay_s, relay_rate],
+            ["relay, logical mode (PostgreSQL)", logical_s, logical_rate],
         ],
         {
             "events": args.events,
@@ -95,9 +113,27 @@ def main() -> None:
             "relay_per_s": relay_rate,
             "ratio": ratio,
             "target": 0.6,
+            "logical_seconds": logical_s,
+            "logical_per_s": logical_rate,
+            "logical_ratio": logical_rate / raw_rate,
+            "logical_target": 0.8,
+            "per_transaction": args.per_transaction,
+            "load_average": os.getloadavg(),
         },
     )
     print(f"ratio relay/raw = {ratio:.2f} (target >= 0.6)")
+    print(f"ratio logical/raw = {logical_rate / raw_rate:.2f} (target >= 0.8)")
+
+
+async def create_slot(url: str) -> None:
+    """Create the logical relay's slot before the events are written, so it streams them."""
+    engine = make_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            database = str(await conn.scalar(text("SELECT current_database()")))
+        await Slot(engine, default_slot_name(database)).ensure()
+    finally:
+        await engine.dispose()
 
 
 if __name__ == "__main__":

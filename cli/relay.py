@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from outboxkit.cli import signals
+from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import (
     BootstrapOption,
     SaslMechanismOption,
@@ -20,9 +21,13 @@ from outboxkit.cli.options import (
     settings_from,
 )
 from outboxkit.ops.access import ping_database
+from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.relay import Relay, RelayOptions
+from outboxkit.relay.slot import Slot, default_slot_name, require_logical
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 
 def relay(
@@ -48,6 +53,21 @@ def relay(
     request_timeout_ms: int = typer.Option(10_000, min=1000, help="Kafka request timeout."),
     max_request_size: int = typer.Option(
         1024 * 1024, min=1024, help="Largest record in bytes; a larger row fails and is parked."
+    ),
+    mode: str = typer.Option(
+        "poll",
+        "--mode",
+        help="poll: claim rows from the table (any database); logical: read committed inserts "
+        "from a replication slot (PostgreSQL with wal_level=logical).",
+    ),
+    slot: str | None = typer.Option(
+        None, "--slot", help="Replication slot of --mode logical [default: outboxkit_<database>]."
+    ),
+    drop_slot: bool = typer.Option(
+        False,
+        "--drop-slot",
+        help="Drop the --mode logical slot and exit (stop the relays first; the next relay "
+        "recreates it and publishes the unpublished rows from the table).",
     ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
@@ -92,15 +112,46 @@ def relay(
             request_timeout_s=request_timeout_ms / 1000,
             max_request_size=max_request_size,
             listen=not no_listen,
+            mode=mode,  # type: ignore[arg-type]  # checked by RelayOptions
+            slot_name=slot,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
+    if mode == "logical" or drop_slot:
+        # Refused at once, in one line, rather than by a relay retrying for ever.
+        asyncio.run(logical_slot(settings.db_url, slot, drop=drop_slot))
+        if drop_slot:
+            return
     relay_process = Relay(db_url=settings.db_url, kafka=kafka, options=options)
     if metrics_port is not None:
         serve_metrics(metrics_port, metrics_address, relay_process.readiness)
     if drain:  # a one-off run fails fast on a misconfigured database instead of retrying
         asyncio.run(ping_database(settings.db_url))
     asyncio.run(_run(relay_process, drain))
+
+
+async def logical_slot(db_url: str, name: str | None, *, drop: bool) -> None:
+    """Check that logical mode can run on ``db_url`` (a one-line error if not); with ``drop``,
+    drop the slot (refused while a relay reads it)."""
+    if db_url.startswith("sqlite"):
+        raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
+    engine = make_async_engine(db_url)
+    try:
+        await require_logical(engine)
+        if not drop:
+            return
+        if name is None:
+            async with engine.connect() as conn:
+                name = default_slot_name(str(await conn.scalar(text("SELECT current_database()"))))
+        try:
+            dropped = await Slot(engine, name).drop()
+        except DBAPIError as error:
+            raise CliError(
+                f"could not drop slot {name} (stop its relay first): {error.orig}"
+            ) from error
+        print(f"slot {name} {'dropped' if dropped else 'did not exist'}")
+    finally:
+        await engine.dispose()
 
 
 async def _run(relay_process: Relay, drain: bool) -> None:

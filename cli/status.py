@@ -91,6 +91,19 @@ def status(
     max_lag: int | None = typer.Option(
         None, "--max-lag", min=0, help="Exit 1 if a consumer group lags more records in total."
     ),
+    max_slot_lag_bytes: int | None = typer.Option(
+        None,
+        "--max-slot-lag-bytes",
+        min=0,
+        help="Exit 1 if a logical replication slot's confirmed position trails the WAL by more "
+        "bytes (logical relay mode).",
+    ),
+    max_slot_age: float | None = typer.Option(
+        None,
+        "--max-slot-age",
+        min=0,
+        help="Exit 1 if a slot's oldest unconfirmed outbox insert is older (s).",
+    ),
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
@@ -122,7 +135,9 @@ def status(
         ssl_certfile,
         ssl_keyfile,
     )
-    limits = Thresholds(max_oldest_age, max_dlq, max_parked, max_lag)
+    limits = Thresholds(
+        max_oldest_age, max_dlq, max_parked, max_lag, max_slot_lag_bytes, max_slot_age
+    )
     quiet_kafka_logs()
 
     def read() -> Coroutine[Any, Any, StatusReport]:
@@ -205,6 +220,15 @@ def render(report: StatusReport) -> list[RenderableType]:
         if outbox.scheduled:
             line += f", scheduled {outbox.scheduled}, next due in {_age(outbox.next_due_in_s)}"
         parts = [Text(line)]
+        for slot in db.slots:
+            age = slot.oldest_unconfirmed_age_s
+            parts.append(
+                Text(
+                    f"slot {slot.name}: {'active' if slot.active else 'idle'}, lag "
+                    f"{slot.lag_bytes} bytes, WAL kept {slot.retained_bytes} bytes, oldest "
+                    f"unconfirmed insert {_age(age) + ' old' if age is not None else 'none'}"
+                )
+            )
         parts.append(_relays(db.relays, SHARD_COUNT - db.free_shards))
         actions = db.actions
         if actions.unknown:

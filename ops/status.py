@@ -40,6 +40,7 @@ from outboxkit.outbox.db import parse_url
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
+from outboxkit.relay.slot import SlotLag, slot_lags
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -122,6 +123,7 @@ class DatabaseStatus:
     free_shards: int
     actions: ActionsInfo
     inbox: InboxInfo
+    slots: list[SlotLag] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +177,8 @@ class Thresholds:
     max_dlq: int | None = None
     max_parked: int | None = None
     max_lag: int | None = None
+    max_slot_lag_bytes: int | None = None
+    max_slot_age_s: float | None = None
 
 
 Consumers = list[GroupLag] | Unreachable
@@ -225,7 +229,7 @@ class StatusReport:
             "kafka": _state(self.kafka),
         }
         if isinstance(db, Unreachable):
-            for name in ("outbox", "relays", "shards", "actions", "inbox"):
+            for name in ("outbox", "relays", "shards", "actions", "inbox", "slots"):
                 report[name] = _state(db)
         else:
             report["outbox"] = {**_state(None), **asdict(db.outbox)}
@@ -243,6 +247,7 @@ class StatusReport:
             }
             report["actions"] = {**_state(None), **asdict(db.actions)}
             report["inbox"] = {**_state(None), **asdict(db.inbox)}
+            report["slots"] = {**_state(None), "items": [asdict(slot) for slot in db.slots]}
         if isinstance(self.consumers, Unreachable):
             report["consumers"] = _state(self.consumers)
         else:
@@ -452,6 +457,7 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
                 .order_by(inbox_events.c.consumer)
             )
         )
+        slots = await slot_lags(connection)
     relay_infos = []
     for relay_id in sorted(set(relays) | set(held)):
         registered = relays.get(relay_id)  # None: a lease holder that is not registered
@@ -488,6 +494,7 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
             by_consumer={row.consumer: int(row.rows) for row in inbox_rows},
             last_processed_age_s={row.consumer: (now_ms - row.last) / 1000 for row in inbox_rows},
         ),
+        slots=slots,
     )
 
 
@@ -603,6 +610,24 @@ async def _replayed(engine: AsyncEngine, topic: str, bounds: dict[int, tuple[int
         return int(await connection.scalar(select(func.count()).select_from(replayed)) or 0)
 
 
+def _slot_lines(slots: list[SlotLag], limits: Thresholds) -> list[str]:
+    lines = []
+    for slot in slots:
+        most = limits.max_slot_lag_bytes
+        if most is not None and slot.lag_bytes > most:
+            lines.append(
+                f"replication slot {slot.name} lags {slot.lag_bytes} bytes "
+                f"(--max-slot-lag-bytes {most})"
+            )
+        age, oldest = slot.oldest_unconfirmed_age_s, limits.max_slot_age_s
+        if oldest is not None and age is not None and age > oldest:
+            lines.append(
+                f"replication slot {slot.name}: oldest unconfirmed outbox insert is "
+                f"{age:.0f} s old (--max-slot-age {oldest:g})"
+            )
+    return lines
+
+
 def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
     """One line per threshold crossed (a value strictly above its limit), checked on the
     sections that could be read: an unreachable source crosses nothing here (see
@@ -618,6 +643,7 @@ def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
             )
         if limits.max_parked is not None and outbox.parked > limits.max_parked:
             lines.append(f"{outbox.parked} parked outbox row(s) (--max-parked {limits.max_parked})")
+        lines += _slot_lines(report.database.slots, limits)
     if limits.max_lag is not None and not isinstance(report.consumers, Unreachable):
         for group in report.consumers:
             if group.total_lag > limits.max_lag:

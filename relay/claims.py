@@ -83,6 +83,24 @@ class ClaimedRow:
         return None
 
 
+def claimed_rows(rows: Sequence[Any]) -> list[ClaimedRow]:
+    """:class:`ClaimedRow` objects from result rows with ``id, topic, kafka_key, headers,
+    payload, attempts``."""
+    # One JSON parse for the whole batch instead of one per row.
+    all_headers = json.loads("[" + ",".join(row.headers for row in rows) + "]")
+    return [
+        ClaimedRow(
+            row.id,
+            row.topic,
+            row.kafka_key,
+            [(name, value.encode()) for name, value in headers.items()],
+            row.payload,
+            row.attempts,
+        )
+        for row, headers in zip(rows, all_headers, strict=True)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """What waits in the outbox."""
@@ -123,20 +141,7 @@ class Claims:
         """
         parameters = {"limit": limit, "in_flight": list(in_flight) or [0]}
         (claimed,) = await self._execute([(self._claim_statement, parameters)])
-        rows = claimed.all()
-        # One JSON parse for the whole batch instead of one per row.
-        all_headers = json.loads("[" + ",".join(row.headers for row in rows) + "]")
-        return [
-            ClaimedRow(
-                row.id,
-                row.topic,
-                row.kafka_key,
-                [(name, value.encode()) for name, value in headers.items()],
-                row.payload,
-                row.attempts,
-            )
-            for row, headers in zip(rows, all_headers, strict=True)
-        ]
+        return claimed_rows(claimed.all())
 
     def _build_claim_statement(self) -> Select[Any]:
         """The claim, built once (building it per call cost more than running it).

@@ -29,11 +29,13 @@ class ShardLeases:
     pid: int
     ttl_ms: int
     owned: frozenset[int] = frozenset()
+    take_all: bool = False
 
     @property
     def exclusive(self) -> bool:
-        """SQLite has one writer at a time: one relay holds every shard."""
-        return self.engine.dialect.name == "sqlite"
+        """One relay holds every shard: on SQLite (one writer at a time) and in logical mode
+        (one reader per replication slot)."""
+        return self.take_all or self.engine.dialect.name == "sqlite"
 
     async def heartbeat(self) -> frozenset[int]:
         """Register as alive, renew held leases, release or take shards toward a fair share."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.relay.slot import check_slot_name
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,11 @@ class RelayOptions:
     ``(source, id)``) for that long and deleted in chunks of ``cleanup_chunk``.
     ``request_timeout_s`` and ``linger_s`` are the Kafka producer's ``request_timeout_ms`` and
     ``linger_ms``, in seconds.
+
+    ``mode``: ``"poll"`` claims rows from the table (any database); ``"logical"`` (PostgreSQL
+    with ``wal_level=logical``) reads committed inserts from the replication slot
+    ``slot_name`` (default ``outboxkit_<database>``), one active relay per slot, and deletes
+    rows once published (``retention_s`` does not apply); see docs/relay.md#logical-mode.
     """
 
     batch_size: int = 500
@@ -38,8 +45,14 @@ class RelayOptions:
     max_batch_bytes: int = 512 * 1024
     max_request_size: int = 1024 * 1024
     listen: bool = True
+    mode: Literal["poll", "logical"] = "poll"
+    slot_name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.mode not in ("poll", "logical"):
+            raise ValueError(f"mode must be 'poll' or 'logical', not {self.mode!r}")
+        if self.slot_name is not None:
+            check_slot_name(self.slot_name)
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if self.request_timeout_s <= 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -21,16 +20,17 @@ from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_l
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
 from outboxkit.relay.leases import ShardLeases
+from outboxkit.relay.logical import LogicalStream
 from outboxkit.relay.notify import CommitListener
 from outboxkit.relay.options import RelayOptions
 from outboxkit.relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
 from outboxkit.relay.retention import delete_published
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from outboxkit.relay.waiting import DATABASE_ERRORS
+from outboxkit.relay.waiting import sleep_unless as _sleep_unless
+from outboxkit.relay.waiting import wait_any as _wait_any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outboxkit.relay")
-DATABASE_ERRORS = (DBAPIError, PoolTimeoutError, OSError)
 RELAY_TABLES = (outbox_events.name, outbox_shard_leases.name, outbox_relays.name)
 # Waking this much after a row's due time: the database clock has then passed it for sure.
 DUE_MARGIN_S = 0.002
@@ -88,6 +88,7 @@ class Relay:
             socket.gethostname(),
             os.getpid(),
             round(self.options.lease_ttl_s * 1000),
+            take_all=self.options.mode == "logical",
         )
         self.claims = Claims(self.engine, self.relay_id)
         self.publisher = Publisher(
@@ -183,9 +184,12 @@ class Relay:
         if self.options.listen and self.engine.dialect.name == "postgresql":
             listener = CommitListener(self.engine.url, self._wake)
             listener.start()
-        log.info("relay %s started", self.relay_id)
+        log.info("relay %s started (%s mode)", self.relay_id, self.options.mode)
         try:
-            await self._loop(self._stopping)
+            if self.options.mode == "logical":
+                await LogicalStream(self).run(self._stopping)
+            else:
+                await self._loop(self._stopping)
         finally:
             await self.readiness.stop()
             if listener is not None:
@@ -306,11 +310,11 @@ class Relay:
         metrics.PARKED.set(backlog.parked)
         metrics.SCHEDULED.set(backlog.scheduled)
 
-    async def _settle(self, outcome: BatchOutcome) -> None:
+    async def _settle(self, outcome: BatchOutcome, *, delete_published: bool = False) -> None:
         matched = await self.claims.settle(
             outcome.published,
             outcome.failed,
-            delete_published=self.options.retention_s == 0,
+            delete_published=delete_published or self.options.retention_s == 0,
             max_attempts=self.options.max_attempts,
             retry_delay_ms=lambda attempt: int(self.options.row_backoff.delay(attempt) * 1000),
         )
@@ -388,17 +392,3 @@ class _SettleInFlight:
         self.ids, self.failed_keys = [], set()
         if future is not None:
             await future
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-
-
-async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, timeout: float) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -50,7 +50,36 @@ def throwaway_database(prefix: str = "outboxkit", migrate: bool = True) -> Itera
             upgrade(url)
         yield url
     finally:
+        drop_replication_slots(name)
         janitor.drop()
+
+
+def drop_replication_slots(database: str, attempts: int = 20) -> int:
+    """Drop every replication slot of ``database`` (a database with a slot cannot be dropped,
+    and a slot retains WAL for ever); return how many. Connections to the database are ended
+    first, so a slot a relay was reading is free to drop."""
+    import time
+
+    import psycopg
+
+    dropped = 0
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        for _ in range(attempts):
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database,),
+            )
+            try:
+                row = conn.execute(
+                    "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots "
+                    "WHERE database = %s",
+                    (database,),
+                ).fetchone()
+                return dropped + int(row[0] if row else 0)
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.1)  # a terminated backend had not released its slot yet
+    raise RuntimeError(f"could not drop the replication slots of {database}")
 
 
 @dataclass

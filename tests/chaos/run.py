@@ -33,7 +33,17 @@ from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import KafkaBroker, create_topic
 from outboxkit.testing.postgres import throwaway_database
 from outboxkit.testing.processes import kill, start_cli, terminate
-from sqlalchemy import func, select, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.engine import make_url
 
 from tests.chaos.app import chaos_effects, chaos_metadata
@@ -73,8 +83,11 @@ class Summary:
 class Fleet:
     """The relay and consumer processes, each restartable under the same slot name."""
 
-    def __init__(self, db_url: str, bootstrap: str, topic: str, logs: Path) -> None:
+    def __init__(
+        self, db_url: str, bootstrap: str, topic: str, logs: Path, mode: str = "poll"
+    ) -> None:
         self.db_url, self.bootstrap, self.topic, self.logs = db_url, bootstrap, topic, logs
+        self.mode = mode
         self.processes: dict[str, subprocess.Popen] = {}
         self.starts: defaultdict[str, int] = defaultdict(int)
 
@@ -85,7 +98,7 @@ class Fleet:
         if slot.startswith("relay"):
             args = ["relay", "--db-url", self.db_url, "--bootstrap", self.bootstrap]
             args += ["--lease-ttl", "3", "--request-timeout-ms", "1500", "--poll-interval", "0.2"]
-            args += ["--retention", "86400", "--batch-size", "200"]
+            args += ["--retention", "86400", "--batch-size", "200", "--mode", self.mode]
             self.processes[slot] = start_cli(args, log)
         else:
             args = ["consume", "tests.chaos.app:app", "--db-url", self.db_url]
@@ -124,9 +137,31 @@ def _count(db_url: str, statement) -> int:
     return value
 
 
+# Where committed events are counted: the outbox itself (the polling relay retains published
+# rows), or in logical mode (which deletes them once published) a ledger the outbox's insert
+# trigger fills in the producer's transaction.
+chaos_ledger = Table(
+    "chaos_ledger",
+    MetaData(),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("event_id", String(256), nullable=False),
+    Column("kafka_key", LargeBinary),
+)
+LEDGER_TRIGGER = """
+CREATE FUNCTION chaos_ledger_copy() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_ledger (id, event_id, kafka_key) VALUES (NEW.id, NEW.event_id, NEW.kafka_key);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_ledger_copy AFTER INSERT ON outbox_events
+FOR EACH ROW EXECUTE FUNCTION chaos_ledger_copy();
+"""
+committed_rows: Table = outbox_events
+
+
 def committed_count(db_url: str) -> int:
-    """Events committed so far: rows of the outbox (published rows are retained)."""
-    return _count(db_url, select(func.count()).select_from(outbox_events))
+    """Events committed so far (see :data:`committed_rows`)."""
+    return _count(db_url, select(func.count()).select_from(committed_rows))
 
 
 def effect_count(db_url: str) -> int:
@@ -173,8 +208,13 @@ def run_chaos(
     kills_each: int = 10,
     workdir: Path | None = None,
     drain_timeout: float = 600.0,
+    mode: str = "poll",
 ) -> Summary:
-    """Run the whole scenario and return its summary (``problems`` empty when all held)."""
+    """Run the whole scenario and return its summary (``problems`` empty when all held).
+
+    ``mode``: the relays' ``--mode`` (``logical``: two relays on one slot, one a standby).
+    """
+    global committed_rows
     workdir = workdir or Path(tempfile.mkdtemp(prefix="outboxkit-chaos-"))
     rng = random.Random(seed)
     summary = Summary(seed=seed)
@@ -186,9 +226,15 @@ def run_chaos(
         with throwaway_database("outboxkit_chaos") as db_url:
             engine = make_engine(db_url)
             chaos_metadata.create_all(engine)
+            committed_rows = outbox_events
+            if mode == "logical":
+                chaos_ledger.create(engine)
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(LEDGER_TRIGGER)
+                committed_rows = chaos_ledger
             engine.dispose()
             asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
-            fleet = Fleet(db_url, broker.bootstrap, topic, workdir)
+            fleet = Fleet(db_url, broker.bootstrap, topic, workdir, mode)
             for slot in ("relay-1", "relay-2", "consumer-1", "consumer-2", "consumer-3"):
                 fleet.start(slot)
             producers = start_producers(db_url, topic, events, seed, workdir)
@@ -277,7 +323,9 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
     engine = make_engine(db_url)
     with engine.connect() as conn:
         outbox_rows = conn.execute(
-            select(outbox_events.c.event_id, outbox_events.c.kafka_key).order_by(outbox_events.c.id)
+            select(committed_rows.c.event_id, committed_rows.c.kafka_key).order_by(
+                committed_rows.c.id
+            )
         ).all()
         effects = conn.execute(
             select(chaos_effects.c.event_id, chaos_effects.c.key).order_by(chaos_effects.c.id)
@@ -357,8 +405,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--kills", type=int, default=10, help="kills of each kind, at least")
+    parser.add_argument("--mode", choices=["poll", "logical"], default="poll")
     args = parser.parse_args()
-    summary = run_chaos(args.events, args.seed, args.kills, drain_timeout=3600)
+    summary = run_chaos(args.events, args.seed, args.kills, drain_timeout=3600, mode=args.mode)
     for name, value in asdict(summary).items():
         print(f"{name:45} {value}")
     sys.exit(1 if summary.problems else 0)

@@ -1,0 +1,316 @@
+"""Logical mode: publish outbox inserts decoded from a replication slot, in commit order.
+
+One relay per slot is active: it holds every shard lease (``ShardLeases`` taking all or none),
+so a standby waits until the active relay's leases expire, then takes over the slot. The
+active relay loops:
+
+1. peek whole transactions from the slot (:class:`~outboxkit.relay.slot.Slot`), decode the
+   inserts (:mod:`~outboxkit.relay.pgoutput`);
+2. publish the unscheduled rows with the relay's :class:`~outboxkit.relay.publisher.Publisher`;
+   a row Kafka refuses for a reason of its own is handed to the table (an attempt counted,
+   retried later with backoff, parked after ``max_attempts``) and does not hold the stream;
+3. delete the published rows, then advance the slot to the last transaction's end (only after
+   Kafka acknowledged all of it: a crash before the advance publishes them again).
+
+Rows the stream does not publish live on in the table, read by a small claim: scheduled rows
+once due, and rows handed over after a failure or requeued by an operator. When the slot is
+created, rows already in the table are published first with the polling claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.sharding import SHARD_COUNT
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.relay import metrics
+from outboxkit.relay.claims import PENDING, ClaimedRow, claimed_rows
+from outboxkit.relay.pgoutput import Decoder
+from outboxkit.relay.publisher import KafkaUnavailable
+from outboxkit.relay.slot import Slot, default_slot_name, require_logical
+from outboxkit.relay.waiting import DATABASE_ERRORS, sleep_unless, wait_any
+from sqlalchemy import func, select
+
+if TYPE_CHECKING:
+    from outboxkit.relay.runner import Relay
+
+log = logging.getLogger("outboxkit.relay")
+# pgoutput messages per outbox row in the usual transaction: Begin, Insert, Commit.
+MESSAGES_PER_ROW = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Transactions read from the slot: their rows to publish, the last one's end, how many
+    messages they took and whether the read came full (more may follow)."""
+
+    rows: list[ClaimedRow]
+    end_lsn: int
+    messages: int
+    full: bool
+
+
+class LogicalStream:
+    """The work loop of a :class:`~outboxkit.relay.runner.Relay` in logical mode."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.options = relay.options
+        self.slot: Slot | None = None
+        self.decoder = Decoder()
+        self._ready = False  # the slot exists and the rows before it were published
+        self._next_table_claim = 0.0
+        now = db_now_ms("postgresql")
+        rows = outbox_events.c
+        handed_over = rows.deliver_at_ms.is_(None) & rows.last_error.is_not(None)
+        due_scheduled = rows.deliver_at_ms.is_not(None) & (rows.deliver_at_ms <= now)
+        self._table_claim = (
+            select(rows.id, rows.topic, rows.kafka_key, rows.headers, rows.payload, rows.attempts)
+            .where(PENDING, rows.available_ms <= now, handed_over | due_scheduled)
+            .order_by(func.coalesce(rows.deliver_at_ms, rows.available_ms), rows.id)
+            .limit(self.options.batch_size)
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set (or, draining, until nothing is left)."""
+        relay = self.relay
+        await require_logical(relay.engine)
+        if self.slot is None:
+            name = self.options.slot_name
+            if name is None:
+                async with relay.engine.connect() as conn:
+                    database = await conn.scalar(select(func.current_database()))
+                name = default_slot_name(str(database))
+            self.slot = Slot(relay.engine, name)
+        heartbeat_every = self.options.lease_ttl_s / 3
+        next_heartbeat = 0.0
+        active = False
+        while not stop.is_set():
+            try:
+                if time.monotonic() >= next_heartbeat:
+                    await relay._sample_backlog()
+                    owned = await relay.leases.heartbeat()
+                    was_active, active = active, len(owned) == SHARD_COUNT
+                    relay.readiness.mark_assigned(len(owned))
+                    relay.database.succeeded()
+                    await relay.publisher.ping()
+                    relay.kafka.succeeded()
+                    next_heartbeat = time.monotonic() + heartbeat_every
+                    if active and not was_active:
+                        log.info("relay %s holds slot %s", relay.relay_id, self.slot.name)
+                    if not active:
+                        self._ready = False
+                if not active:
+                    log.debug("slot %s is another relay's; standing by", self.slot.name)
+                    await sleep_unless(stop, max(0.0, next_heartbeat - time.monotonic()))
+                    continue
+                if not self._ready:
+                    if await self.slot.ensure():
+                        log.info("created slot %s; publishing older rows first", self.slot.name)
+                        await self._catch_up(stop)
+                    self._ready = True
+                relay._wake.clear()
+                worked = await self._stream(until=next_heartbeat, stop=stop)
+                if time.monotonic() >= self._next_table_claim:
+                    # Due timers and retries: no commit wakes them, so they are looked for
+                    # once per poll interval (and when the next timer is due), not per wake-up.
+                    claimed = await self._table_rows()
+                    if not claimed:
+                        self._next_table_claim = time.monotonic() + self.options.poll_interval_s
+                    worked += claimed
+                relay.database.succeeded()
+            except DATABASE_ERRORS as error:
+                await relay._fail_if_not_migrated(error)
+                attempt = relay.database.failed(error)
+                await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            except KafkaUnavailable as error:
+                attempt = relay.kafka.failed(error)
+                await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            if worked:
+                continue
+            try:
+                if relay._until_drained and await relay.claims.pending_count() == 0:
+                    return
+                next_due_s = await relay.claims.next_due_in_s()
+            except DATABASE_ERRORS as error:
+                attempt = relay.database.failed(error)
+                await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            wait_s = min(self.options.poll_interval_s, max(0.0, next_heartbeat - time.monotonic()))
+            if next_due_s is not None:
+                wait_s = min(wait_s, next_due_s + 0.002)
+                self._next_table_claim = min(
+                    self._next_table_claim, time.monotonic() + next_due_s + 0.002
+                )
+            await wait_any(stop, relay._wake, wait_s)
+
+    async def _stream(self, until: float, stop: asyncio.Event) -> int:
+        """Publish and confirm transactions from the slot while there are more (until the
+        lease is due for renewal); return how many rows were published.
+
+        Three things overlap: batch N is in flight to Kafka while batch N-1 is confirmed
+        (deleted, slot advanced) and batch N+1 is read. N+1 is read after N-1's confirmation,
+        skipping N's messages (the slot gives them again until N is confirmed), so what is
+        skipped is exactly what is in flight.
+        """
+        assert self.slot is not None
+        relay = self.relay
+        await relay.publisher.start()
+        total = 0
+        batch = await self._read(skip=0)
+        confirming: asyncio.Future[int] | None = None
+        try:
+            while batch is not None:
+                sending = asyncio.ensure_future(self._publish(batch.rows))
+                next_batch = None
+                try:
+                    if confirming is not None:
+                        total += await confirming
+                        confirming = None
+                    if batch.full and time.monotonic() < until and not stop.is_set():
+                        next_batch = await self._read(skip=batch.messages)
+                finally:
+                    published = await sending
+                confirming = asyncio.ensure_future(self._confirm(batch.end_lsn, published))
+                batch = next_batch
+        finally:
+            if confirming is not None:
+                total += await confirming
+        return total
+
+    async def _read(self, skip: int) -> _Batch | None:
+        """The next transactions after the first ``skip`` messages past the confirmed
+        position, decoded; ``None`` if there are none."""
+        assert self.slot is not None
+        wanted = self.options.batch_size * MESSAGES_PER_ROW
+        messages = await self.slot.peek(wanted, skip=skip)
+        transactions = self.decoder.transactions(messages)
+        if not transactions:
+            return None
+        rows = _rows([values for each in transactions for values in each.inserts])
+        counted = sum(1 for message in messages if message[:1] != b"R")
+        return _Batch(rows, transactions[-1].end_lsn, counted, counted >= wanted)
+
+    async def _confirm(self, end_lsn: int, published: list[int]) -> int:
+        assert self.slot is not None
+        await self.slot.confirm(end_lsn, published)
+        self.relay.stats.published += len(published)
+        metrics.PUBLISHED.inc(len(published))
+        return len(published)
+
+    async def _publish(self, rows: list[ClaimedRow]) -> list[int]:
+        """Publish ``rows`` (in chunks of ``batch_size``); hand failed rows to the table;
+        return the ids published. An outage raises :class:`KafkaUnavailable`: nothing of
+        this peek is confirmed, it is read and published again."""
+        relay = self.relay
+        published: list[int] = []
+        for start in range(0, len(rows), self.options.batch_size):
+            chunk = rows[start : start + self.options.batch_size]
+            while chunk:
+                outcome = await relay.publisher.publish(chunk)
+                if outcome.outage is not None:
+                    await relay.publisher.reset()
+                    raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+                relay.stats.batches += 1
+                metrics.BATCH_SIZE.observe(len(outcome.published) + len(outcome.failed))
+                published += [row.id for row in outcome.published]
+                if outcome.failed:
+                    await self._settle_failed(outcome.failed)
+                # Rows held back behind a failed row of their key: that row now waits in the
+                # table, so the stream does not wait for it; they go on at once.
+                chunk = outcome.released
+        return published
+
+    async def _settle_failed(self, failed: list[Any]) -> None:
+        relay = self.relay
+        await relay.claims.settle(
+            [],
+            failed,
+            delete_published=True,
+            max_attempts=self.options.max_attempts,
+            retry_delay_ms=lambda attempt: int(self.options.row_backoff.delay(attempt) * 1000),
+        )
+        relay.stats.failed += len(failed)
+        metrics.PUBLISH_ERRORS.labels("record").inc(len(failed))
+        for failure in failed:
+            attempt = failure.row.attempts + 1
+            parked = attempt >= self.options.max_attempts
+            if parked:
+                metrics.PARKED_NOW.inc()
+            log.warning(
+                "row %s %s (attempt %d of %d): %s",
+                failure.row.id,
+                "parked" if parked else "failed, will retry from the table",
+                attempt,
+                self.options.max_attempts,
+                failure.error,
+                extra={"event_id": failure.row.event_id, "attempt": attempt, "parked": parked},
+            )
+
+    async def _table_rows(self) -> int:
+        """Publish the rows the stream leaves to the table: scheduled rows that are due, and
+        rows waiting for a retry or requeued; return how many were claimed."""
+        async with self.relay.engine.connect() as conn:
+            rows = claimed_rows((await conn.execute(self._table_claim)).all())
+        if rows:
+            await self._publish_claimed(rows)
+        return len(rows)
+
+    async def _catch_up(self, stop: asyncio.Event) -> None:
+        """Publish the rows written before the slot existed, with the polling claim.
+
+        Only rows up to the highest id seen once the slot exists: rows written later are in
+        the slot. A row with a lower id committed after the slot was made is published twice
+        (a duplicate, never a loss).
+        """
+        async with self.relay.engine.connect() as conn:
+            highest = await conn.scalar(select(func.max(outbox_events.c.id)))
+        if highest is None:
+            return
+        while not stop.is_set():
+            claimed = await self.relay.claims.claim(self.options.batch_size)
+            rows = [row for row in claimed if row.id <= highest]
+            if not rows:
+                return
+            await self._publish_claimed(rows)
+
+    async def _publish_claimed(self, rows: list[ClaimedRow]) -> None:
+        relay = self.relay
+        await relay.publisher.start()
+        outcome = await relay.publisher.publish(rows)
+        await relay._settle(outcome, delete_published=True)
+        if outcome.outage is not None:
+            await relay.publisher.reset()
+            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+
+
+def _rows(inserts: list[dict[str, Any]]) -> list[ClaimedRow]:
+    """The rows to publish from the stream: unscheduled outbox inserts (scheduled ones are
+    the table claim's), with their headers parsed in one go."""
+    wanted = [
+        values
+        for values in inserts
+        if values["__table__"] == outbox_events.name and values.get("deliver_at_ms") is None
+    ]
+    if not wanted:
+        return []
+    all_headers = json.loads("[" + ",".join(values["headers"] for values in wanted) + "]")
+    return [
+        ClaimedRow(
+            values["id"],
+            values["topic"],
+            values["kafka_key"],
+            [(name, value.encode()) for name, value in headers.items()],
+            values["payload"],
+            0,
+        )
+        for values, headers in zip(wanted, all_headers, strict=True)
+    ]

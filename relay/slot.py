@@ -1,0 +1,212 @@
+"""The logical replication slot the relay reads outbox inserts from, with SQL-level functions.
+
+The slot decodes with ``pgoutput`` through the publication ``outboxkit_outbox`` (inserts into
+``outbox_events`` only; migration 0010 creates it). Changes are read with
+``pg_logical_slot_peek_binary_changes`` (nothing is consumed) and confirmed with
+``pg_replication_slot_advance`` once Kafka has acknowledged them, in the same transaction as
+the DELETE of the published rows. These functions need no replication-protocol client, so the
+relay's asyncpg engine reads the slot (asyncpg and psycopg 3 have no replication protocol;
+only psycopg2's ``LogicalReplicationConnection`` has).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from outboxkit.outbox.errors import OutboxError
+from sqlalchemy import BigInteger, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+PUBLICATION = "outboxkit_outbox"
+PLUGIN = "pgoutput"
+# Relation messages ('R' = 82) are sent once per decoding session, so the same transactions
+# read again carry them at other places: ``skip`` counts the other messages only.
+_PEEK = text(
+    "SELECT data FROM (SELECT data, get_byte(data, 0) = 82 AS relation, "
+    "count(*) FILTER (WHERE get_byte(data, 0) <> 82) OVER (ROWS UNBOUNDED PRECEDING) AS n "
+    "FROM pg_logical_slot_peek_binary_changes(:slot, NULL, :changes, 'proto_version', '1', "
+    "'publication_names', :publication, 'binary', 'true')) AS messages "
+    "WHERE n > :skip OR relation"
+)
+_ADVANCE = text("SELECT pg_replication_slot_advance(:slot, :lsn)")
+_DELETE = text("DELETE FROM outbox_events WHERE id = ANY(:ids)").bindparams(
+    bindparam("ids", type_=ARRAY(BigInteger))
+)
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+class LogicalModeError(OutboxError):
+    """Logical mode cannot run on this database (not PostgreSQL, ``wal_level`` is not
+    ``logical``, no publication, or the slot belongs to something else); retrying cannot help."""
+
+
+def default_slot_name(database: str) -> str:
+    """``outboxkit_<database>``, made a valid slot name (slots are per server, not per
+    database, so two databases on one server get two slots)."""
+    return ("outboxkit_" + re.sub(r"[^a-z0-9_]", "_", database.lower()))[:63]
+
+
+def check_slot_name(name: str) -> str:
+    """Return ``name`` if it is a valid replication slot name, else raise :class:`ValueError`."""
+    if not _SLOT_NAME.match(name):
+        raise ValueError(f"invalid slot name {name!r}: 1-63 of a-z, 0-9 and _")
+    return name
+
+
+def lsn_text(lsn: int) -> str:
+    """An LSN as PostgreSQL writes it (``16/B374D848``)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+async def require_logical(engine: AsyncEngine) -> None:
+    """Raise :class:`LogicalModeError` unless logical mode can run on ``engine``'s database."""
+    if engine.dialect.name != "postgresql":
+        raise LogicalModeError(
+            f"logical mode needs PostgreSQL, not {engine.dialect.name}: use --mode poll"
+        )
+    async with engine.connect() as conn:
+        wal_level = await conn.scalar(text("SHOW wal_level"))
+        publication = await conn.scalar(
+            text("SELECT count(*) FROM pg_publication WHERE pubname = :name"),
+            {"name": PUBLICATION},
+        )
+    if wal_level != "logical":
+        raise LogicalModeError(
+            f"logical mode needs wal_level=logical (the server has {wal_level}; changing it "
+            "needs a restart): use --mode poll"
+        )
+    if not publication:
+        raise LogicalModeError(
+            f"publication {PUBLICATION} is missing: run `outboxkit migrate` (0010 creates it)"
+        )
+
+
+@dataclass(frozen=True)
+class SlotLag:
+    """A logical slot of this database: how far its confirmed position trails the WAL, how
+    much WAL it keeps, and the age of the oldest outbox insert not yet confirmed (the oldest
+    unpublished, unscheduled row: logical mode deletes rows as it confirms them)."""
+
+    name: str
+    active: bool
+    lag_bytes: int
+    retained_bytes: int
+    oldest_unconfirmed_age_s: float | None
+
+
+class Slot:
+    """One logical replication slot of the outbox, read and confirmed through ``engine``."""
+
+    def __init__(self, engine: AsyncEngine, name: str) -> None:
+        self.engine = engine
+        self.name = check_slot_name(name)
+
+    async def ensure(self) -> bool:
+        """Create the slot if it does not exist; return ``True`` if it was created now.
+
+        A slot of that name on another database or with another plugin is refused
+        (:class:`LogicalModeError`): it is not this relay's.
+        """
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            found = (
+                await conn.execute(
+                    text(
+                        "SELECT database, plugin, slot_type FROM pg_replication_slots "
+                        "WHERE slot_name = :slot"
+                    ),
+                    {"slot": self.name},
+                )
+            ).first()
+            if found is not None:
+                database = await conn.scalar(text("SELECT current_database()"))
+                if (found.database, found.plugin) != (database, PLUGIN):
+                    raise LogicalModeError(
+                        f"replication slot {self.name} belongs to database {found.database} "
+                        f"(plugin {found.plugin}): give this relay another --slot"
+                    )
+                return False
+            await conn.execute(
+                text("SELECT pg_create_logical_replication_slot(:slot, :plugin)"),
+                {"slot": self.name, "plugin": PLUGIN},
+            )
+            return True
+
+    async def peek(self, changes: int, skip: int = 0) -> list[bytes]:
+        """The pgoutput messages after the confirmed position, less the first ``skip`` (not
+        counting relation messages, which are always returned): whole transactions, stopping
+        after the one that reaches ``changes`` more messages. Nothing is consumed (the server
+        decodes the skipped ones again, but does not send them)."""
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            result = await conn.execute(
+                _PEEK,
+                {
+                    "slot": self.name,
+                    "changes": skip + changes,
+                    "publication": PUBLICATION,
+                    "skip": skip,
+                },
+            )
+            return [row[0] for row in result]
+
+    async def confirm(self, lsn: int, published_ids: Sequence[int]) -> None:
+        """Delete the published rows, then move the slot's confirmed position to ``lsn``.
+
+        The DELETE commits first: a crash between the two leaves the slot behind, so those
+        rows are decoded from the WAL and published again (duplicates, never a loss), and no
+        published row is ever left pending behind the slot's position. A slot already past
+        ``lsn`` (another relay confirmed further after a takeover) is left as it is.
+        """
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            if published_ids:
+                await conn.execute(_DELETE, {"ids": list(published_ids)})
+            try:
+                await conn.execute(_ADVANCE, {"slot": self.name, "lsn": lsn})
+            except DBAPIError as error:
+                if "cannot advance replication slot" not in str(error.orig):
+                    raise
+
+    async def drop(self) -> bool:
+        """Drop the slot if it exists (it must not be in use); ``True`` if it existed."""
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            dropped = await conn.scalar(
+                text(
+                    "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots "
+                    "WHERE slot_name = :slot"
+                ),
+                {"slot": self.name},
+            )
+        return bool(dropped)
+
+
+async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
+    """The logical slots of the connection's database (none on SQLite)."""
+    if conn.dialect.name != "postgresql":
+        return []
+    query = text(
+        "SELECT slot_name, active, "
+        "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint AS lag, "
+        "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint AS retained, "
+        "(SELECT extract(epoch FROM clock_timestamp()) * 1000 - min(created_ms) "
+        " FROM outbox_events WHERE published_ms IS NULL AND parked_ms IS NULL "
+        " AND deliver_at_ms IS NULL) AS age_ms "
+        "FROM pg_replication_slots WHERE slot_type = 'logical' "
+        "AND database = current_database() ORDER BY slot_name"
+    )
+    return [
+        SlotLag(
+            row.slot_name,
+            bool(row.active),
+            int(row.lag),
+            int(row.retained),
+            None if row.age_ms is None else max(0.0, float(row.age_ms)) / 1000,
+        )
+        for row in await conn.execute(query)
+    ]
