@@ -1,8 +1,8 @@
 """The publication the logical relay decodes: inserts into ``outbox_events`` (PostgreSQL only).
 
 Revision ID: 0010_outbox_publication
-Revises: 0008_outbox_scheduled
-Create Date: 2026-12-02
+Revises: 0009_workflows
+Create Date: 2026-12-01
 
 ``outboxkit relay --mode logical`` reads a logical replication slot with ``pgoutput`` through
 this publication. Only inserts are published: the relay's own updates and deletes of outbox
@@ -13,7 +13,7 @@ rows are filtered out by the server. Creating a publication needs no ``wal_level
 from alembic import op
 
 revision = "0010_outbox_publication"
-down_revision = "0008_outbox_scheduled"
+down_revision = "0009_workflows"
 branch_labels = None
 depends_on = None
 
