@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import logging
 from typing import TYPE_CHECKING, Any
 
 from cloudevents.core.v1.event import CloudEvent
@@ -58,7 +57,6 @@ from outboxkit.workflows.runtime import LiveRuntime
 if TYPE_CHECKING:
     from outboxkit.workflows.engine import WorkflowEngine
 
-log = logging.getLogger("outboxkit.workflows")
 
 
 class Advancer:
