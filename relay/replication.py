@@ -173,9 +173,11 @@ class SlotStream:
                 transaction = decoder.feed(message.payload)
                 if transaction is not None:
                     self._put(cursor, transaction)
+                elif decoder.marker_lsn > self._received:
+                    self._received = decoder.marker_lsn
+                    self._notify()  # a drain waits for it
                 continue
             # Nothing more to read now: everything the server sent before wal_end is here.
-            self._received = decoder.marker_lsn
             if decoder.current is None and self._handed <= self._confirmed and self._queue.empty():
                 # Every transaction received is confirmed: the slot may move on past the WAL
                 # of other tables and databases, which it would otherwise keep.

@@ -33,8 +33,11 @@ _PEEK = text(
     "'publication_names', :publication, 'binary', 'true')) AS messages "
     "WHERE n > :skip OR relation"
 )
-# A non-transactional message: the stream receives it after every commit before it.
-_MARKER = text("SELECT pg_logical_emit_message(false, 'outboxkit-marker', '')::text")
+# A non-transactional message: the stream receives it after every commit before it. The
+# transaction id makes the statement commit with a WAL flush, so the message is sent at once.
+_MARKER = text(
+    "SELECT pg_logical_emit_message(false, 'outboxkit-marker', '')::text, txid_current()"
+)
 _ADVANCE = text("SELECT pg_replication_slot_advance(:slot, :lsn)")
 _DELETE = text("DELETE FROM outbox_events WHERE id = ANY(:ids)").bindparams(
     bindparam("ids", type_=ARRAY(BigInteger))
