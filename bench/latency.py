@@ -10,7 +10,9 @@ writer's COMMIT returned (the writer process records it per event). Usage:
 
     python -m bench.latency [--rate 1000] [--seconds 20] [--no-consumer] [--modes poll,logical]
 
-``--modes`` runs the relay in each mode in turn (a fresh database each), reported side by side.
+``--modes`` runs the relay in each mode in turn (a fresh database each), reported side by side:
+``poll``, ``logical`` (the slot streamed over the replication protocol), ``logical-sql`` (peeked
+with SQL) and ``logical-wal`` (streamed; the producers write WAL messages, not rows).
 """
 
 from __future__ import annotations
@@ -41,19 +43,23 @@ WRITERS = 8
 PARTITIONS = 3
 
 
-def write_in_own_process(url: str, topic: str, rate: int, seconds: float, out: str) -> None:
+def write_in_own_process(
+    url: str, topic: str, rate: int, seconds: float, out: str, wal_messages: bool = False
+) -> None:
     """Entry point of the writer process: the writers must not share the reader's event loop,
     or the reader would stamp arrivals late whenever a writer holds the loop. Writes each
     event's commit time (``{seq: epoch seconds}``) as JSON to ``out``."""
-    committed = asyncio.run(write_steadily(url, topic, rate, seconds))
+    committed = asyncio.run(write_steadily(url, topic, rate, seconds, wal_messages))
     Path(out).write_text(json.dumps(committed))
 
 
-async def write_steadily(url: str, topic: str, rate: int, seconds: float) -> dict[int, float]:
+async def write_steadily(
+    url: str, topic: str, rate: int, seconds: float, wal_messages: bool = False
+) -> dict[int, float]:
     """Commit ``rate`` single-event transactions per second for ``seconds``; return when each
     event's COMMIT returned (epoch seconds, by ``seq``)."""
     engine = make_async_engine(url, pool_size=WRITERS)
-    outbox = Outbox(default_topic=topic)
+    outbox = Outbox(default_topic=topic, wal_messages=wal_messages)
     per_writer_interval = WRITERS / rate
     total = int(rate * seconds)
     started = time.perf_counter()
@@ -154,7 +160,8 @@ async def measure(
                 "--retention",
                 "3600",
                 "--mode",
-                mode,
+                mode.split("-")[0],
+                *(["--logical-reader", "sql"] if mode == "logical-sql" else []),
             ],
             logs / "relay.log",
         )
@@ -185,7 +192,8 @@ async def measure(
         await asyncio.sleep(3)  # relay start-up and reader assignment are not measured
         commits = logs / "commits.json"
         writers = multiprocessing.get_context("spawn").Process(
-            target=write_in_own_process, args=(url, topic, rate, seconds, str(commits))
+            target=write_in_own_process,
+            args=(url, topic, rate, seconds, str(commits), mode == "logical-wal"),
         )
         writers.start()
         await asyncio.to_thread(writers.join)
@@ -236,7 +244,7 @@ def main() -> None:
         assert len(to_kafka) == expected, f"received {len(to_kafka)} of {expected}"
         if consume:
             assert len(to_effect) == expected, f"{len(to_effect)} effects of {expected}"
-        suffix = "" if mode == "poll" else f"_{mode}"
+        suffix = "" if mode == "poll" else f"_{mode.replace('-', '_')}"
         for name, values, p50_target, p99_target in (
             ("commit-to-Kafka", to_kafka, 10.0, 50.0 if mode == "poll" else 20.0),
             ("commit-to-effect", to_effect, "-", "-"),

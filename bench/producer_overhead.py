@@ -1,7 +1,9 @@
 """Producer overhead: a transaction writing one domain row, with and without one outbox event.
 
-Both sides run the same number of sequential transactions against the same PostgreSQL
-database, interleaved in rounds so that drift in the machine's load hits both alike. Usage:
+Three sides: the domain row only; + an outbox INSERT (the default); + a transactional WAL
+message (``Outbox(wal_messages=True)``, for a logical-mode relay). All sides run the same
+number of sequential transactions against the same PostgreSQL database, interleaved in rounds
+so that drift in the machine's load hits all alike. Usage:
 
     python -m bench.producer_overhead [--transactions 5000]
 """
@@ -9,6 +11,7 @@ database, interleaved in rounds so that drift in the machine's load hits both al
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from outboxkit.outbox import Outbox, new_event
@@ -59,21 +62,26 @@ def main() -> None:
     args = parser.parse_args()
     per_round = args.transactions // args.rounds
     outbox = Outbox(default_topic="bench.accounts")
+    messages = Outbox(default_topic="bench.accounts", wal_messages=True)
     with postgres_database() as url:
         engine = make_engine(url, pool_size=1)
         domain.create_all(engine)
         run_side(engine, 10_000_000, 200, outbox)  # warm-up: connection, statement caches
-        plain = with_event = 0.0
+        run_side(engine, 10_000_200, 200, messages)
+        plain = with_event = with_message = 0.0
         next_id = 0
         for _ in range(args.rounds):
             plain += run_side(engine, next_id, per_round, None)
             next_id += per_round
             with_event += run_side(engine, next_id, per_round, outbox)
             next_id += per_round
+            with_message += run_side(engine, next_id, per_round, messages)
+            next_id += per_round
         round_trip = round_trip_seconds(engine)
         engine.dispose()
     count = per_round * args.rounds
     ratio = with_event / plain
+    message_ratio = with_message / plain
     # The event costs one more statement, hence one more round trip: the ratio cannot go below
     # this floor on this machine, whatever the writer does in Python.
     floor = (plain / count + round_trip) / (plain / count)
@@ -83,7 +91,8 @@ def main() -> None:
         ["side", "seconds", "ms per transaction"],
         [
             ["domain row only", plain, plain / count * 1000],
-            ["domain row + outbox event", with_event, with_event / count * 1000],
+            ["domain row + outbox event (INSERT)", with_event, with_event / count * 1000],
+            ["domain row + WAL message", with_message, with_message / count * 1000],
             ["one round trip (SELECT 1)", round_trip * count, round_trip * 1000],
         ],
         {
@@ -91,12 +100,18 @@ def main() -> None:
             "plain_seconds": plain,
             "with_event_seconds": with_event,
             "ratio": ratio,
+            "wal_message_seconds": with_message,
+            "wal_message_ratio": message_ratio,
+            "load_average": os.getloadavg(),
             "round_trip_ms": round_trip * 1000,
             "round_trip_floor_ratio": floor,
             "target": 1.3,
         },
     )
-    print(f"ratio with-event/plain = {ratio:.2f} (target <= 1.3)")
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"ratio with-event/plain = {ratio:.2f} (INSERT; target <= 1.3)")
+    print(f"ratio with-message/plain = {message_ratio:.2f} (WAL message; target <= 1.3)")
     print(f"floor from the extra round trip alone = {floor:.2f}")
 
 

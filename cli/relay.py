@@ -60,6 +60,12 @@ def relay(
         help="poll: claim rows from the table (any database); logical: read committed inserts "
         "from a replication slot (PostgreSQL with wal_level=logical).",
     ),
+    logical_reader: str = typer.Option(
+        "stream",
+        "--logical-reader",
+        help="--mode logical: stream (replication protocol, one session) or sql "
+        "(pg_logical_slot_peek_binary_changes per read; slower).",
+    ),
     slot: str | None = typer.Option(
         None, "--slot", help="Replication slot of --mode logical [default: outboxkit_<database>]."
     ),
@@ -114,6 +120,7 @@ def relay(
             listen=not no_listen,
             mode=mode,  # type: ignore[arg-type]  # checked by RelayOptions
             slot_name=slot,
+            logical_reader=logical_reader,  # type: ignore[arg-type]  # checked by RelayOptions
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.outbox import wal_message
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.outbox.errors import InvalidEventError
@@ -19,9 +20,11 @@ from outboxkit.outbox.events import EncodedEvent, encode_binary
 from outboxkit.outbox.sharding import shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.outbox.telemetry import current_context_headers
+from outboxkit.outbox.wal_message import EMIT
 from sqlalchemy import BigInteger, BindParameter, ColumnElement, Insert, bindparam, case
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import TextClause
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
@@ -40,13 +43,24 @@ class Outbox:
     relative waits) or ``deliver_at=`` (a timezone-aware instant) keeps the event from being
     published before that time, judged on the database clock; a time not in the future means
     now. A scheduled event does not hold back the later events of its key.
+
+    ``wal_messages=True`` (PostgreSQL, for a relay in logical mode only): an unscheduled event
+    is written as a transactional WAL message (``pg_logical_emit_message``) instead of a row,
+    which is cheaper; it is not deduplicated by ``(source, id)`` (:meth:`add` returns ``True``)
+    and is invisible to ``outbox list`` until published. A scheduled event, and any event on
+    another database, still goes to the table (scheduling and deduplication need it).
     """
 
     def __init__(
-        self, topics: Mapping[str, str] | None = None, default_topic: str | None = None
+        self,
+        topics: Mapping[str, str] | None = None,
+        default_topic: str | None = None,
+        *,
+        wal_messages: bool = False,
     ) -> None:
         self.topics = dict(topics or {})
         self.default_topic = default_topic
+        self.wal_messages = wal_messages
         for topic in [*self.topics.values(), default_topic]:
             if topic is not None:
                 _check_topic(topic)
@@ -78,6 +92,9 @@ class Outbox:
             raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
         dialect_name = session.get_bind().dialect.name
         statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
+        if statement is EMIT:
+            session.execute(statement, values)
+            return True
         return session.execute(statement, values).first() is not None
 
     async def add_async(
@@ -97,6 +114,9 @@ class Outbox:
             raise TypeError("Outbox.add_async takes an AsyncSession; use outbox.add(...)")
         dialect_name = session.get_bind().dialect.name
         statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
+        if statement is EMIT:
+            await session.execute(statement, values)
+            return True
         return (await session.execute(statement, values)).first() is not None
 
     def _insert(
@@ -106,12 +126,14 @@ class Outbox:
         topic: str | None,
         deliver_at: datetime | None,
         delay_s: float | None,
-    ) -> tuple[Insert, dict[str, Any]]:
+    ) -> tuple[Insert | TextClause, dict[str, Any]]:
         schedule = schedule_of(deliver_at, delay_s)
         encoded = with_origin_trace(encode_binary(event))
         topic = self.topic_for(encoded.type, topic)
         values = outbox_row(encoded, topic)
         if schedule is None:
+            if self.wal_messages and dialect_name == "postgresql":
+                return EMIT, {"content": wal_message.encode(values)}
             return insert_statement(dialect_name), values
         kind, values["due_ms"] = schedule
         return insert_statement(dialect_name, kind), values

@@ -4,13 +4,16 @@ One relay per slot is active: it holds every shard lease (``ShardLeases`` taking
 so a standby waits until the active relay's leases expire, then takes over the slot. The
 active relay loops:
 
-1. peek whole transactions from the slot (:class:`~outboxkit.relay.slot.Slot`), decode the
-   inserts (:mod:`~outboxkit.relay.pgoutput`);
+1. read whole transactions from the slot: streamed over the replication protocol
+   (:class:`~outboxkit.relay.replication.SlotStream`, the default) or peeked with SQL
+   (:class:`~outboxkit.relay.slot.Slot`); decode the inserts and the outbox's WAL messages
+   (:mod:`~outboxkit.relay.pgoutput`, :mod:`~outboxkit.outbox.wal_message`);
 2. publish the unscheduled rows with the relay's :class:`~outboxkit.relay.publisher.Publisher`;
    a row Kafka refuses for a reason of its own is handed to the table (an attempt counted,
    retried later with backoff, parked after ``max_attempts``) and does not hold the stream;
 3. delete the published rows, then advance the slot to the last transaction's end (only after
-   Kafka acknowledged all of it: a crash before the advance publishes them again).
+   Kafka acknowledged all of it: a crash before the advance publishes them again). A WAL
+   message Kafka refuses is written to the table as a failed row (retried from there).
 
 Rows the stream does not publish live on in the table, read by a small claim: scheduled rows
 once due, and rows handed over after a failure or requeued by an operator. When the slot is
@@ -26,16 +29,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outboxkit.outbox import wal_message
 from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.sharding import SHARD_COUNT
+from outboxkit.outbox.sharding import SHARD_COUNT, shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import metrics
-from outboxkit.relay.claims import PENDING, ClaimedRow, claimed_rows
-from outboxkit.relay.pgoutput import Decoder
+from outboxkit.relay.claims import PENDING, ClaimedRow, Failure, claimed_rows
+from outboxkit.relay.pgoutput import Decoder, Message
 from outboxkit.relay.publisher import KafkaUnavailable
-from outboxkit.relay.slot import Slot, default_slot_name, require_logical
+from outboxkit.relay.replication import SlotStream
+from outboxkit.relay.slot import PUBLICATION, Slot, default_slot_name, require_logical
 from outboxkit.relay.waiting import DATABASE_ERRORS, sleep_unless, wait_any
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
 
 if TYPE_CHECKING:
     from outboxkit.relay.runner import Relay
@@ -64,6 +70,8 @@ class LogicalStream:
         self.options = relay.options
         self.slot: Slot | None = None
         self.decoder = Decoder()
+        self.stream: SlotStream | None = None
+        self._drain_marker: int | None = None
         self._ready = False  # the slot exists and the rows before it were published
         self._next_table_claim = 0.0
         now = db_now_ms("postgresql")
@@ -88,6 +96,14 @@ class LogicalStream:
                     database = await conn.scalar(select(func.current_database()))
                 name = default_slot_name(str(database))
             self.slot = Slot(relay.engine, name)
+        try:
+            await self._loop(stop)
+        finally:
+            await self._close_stream()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        relay = self.relay
+        assert self.slot is not None
         heartbeat_every = self.options.lease_ttl_s / 3
         next_heartbeat = 0.0
         active = False
@@ -106,6 +122,7 @@ class LogicalStream:
                         log.info("relay %s holds slot %s", relay.relay_id, self.slot.name)
                     if not active:
                         self._ready = False
+                        await self._close_stream()
                 if not active:
                     log.debug("slot %s is another relay's; standing by", self.slot.name)
                     await sleep_unless(stop, max(0.0, next_heartbeat - time.monotonic()))
@@ -115,6 +132,8 @@ class LogicalStream:
                         log.info("created slot %s; publishing older rows first", self.slot.name)
                         await self._catch_up(stop)
                     self._ready = True
+                if self.options.logical_reader == "stream" and self.stream is None:
+                    self._open_stream()
                 relay._wake.clear()
                 worked = await self._stream(until=next_heartbeat, stop=stop)
                 if time.monotonic() >= self._next_table_claim:
@@ -126,21 +145,30 @@ class LogicalStream:
                     worked += claimed
                 relay.database.succeeded()
             except DATABASE_ERRORS as error:
+                # Transactions taken from the stream and not confirmed come again only in a
+                # new session (from the slot's confirmed position).
+                await self._close_stream()
                 await relay._fail_if_not_migrated(error)
                 attempt = relay.database.failed(error)
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
             except KafkaUnavailable as error:
+                await self._close_stream()
                 attempt = relay.kafka.failed(error)
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
             if worked:
                 continue
             try:
-                if relay._until_drained and await relay.claims.pending_count() == 0:
+                if (
+                    relay._until_drained
+                    and await relay.claims.pending_count() == 0
+                    and await self._slot_drained()
+                ):
                     return
                 next_due_s = await relay.claims.next_due_in_s()
             except DATABASE_ERRORS as error:
+                await self._close_stream()
                 attempt = relay.database.failed(error)
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
@@ -151,6 +179,39 @@ class LogicalStream:
                     self._next_table_claim, time.monotonic() + next_due_s + 0.002
                 )
             await wait_any(stop, relay._wake, wait_s)
+
+    def _open_stream(self) -> None:
+        assert self.slot is not None
+        relay = self.relay
+        self.stream = SlotStream(
+            relay.engine.url,
+            self.slot.name,
+            PUBLICATION,
+            relay._wake.set,
+            max_transactions=4 * self.options.batch_size,
+        )
+        self.stream.start(asyncio.get_running_loop().call_soon_threadsafe)
+        self.slot.stream = self.stream
+
+    async def _close_stream(self) -> None:
+        stream, self.stream = self.stream, None
+        if self.slot is not None:
+            self.slot.stream = None
+        if stream is not None:
+            await stream.close()
+
+    async def _slot_drained(self) -> bool:
+        """Whether the slot has nothing left for a drain (rows are not all there is: WAL
+        messages live only in the slot). The SQL reader's last peek was empty; the stream
+        is drained once it received a marker written now, with nothing after it."""
+        if self.stream is None or self.slot is None:
+            return True
+        if self._drain_marker is None:
+            self._drain_marker = await self.slot.marker()
+        if self.stream.caught_up(self._drain_marker):
+            self._drain_marker = None
+            return True
+        return False
 
     async def _stream(self, until: float, stop: asyncio.Event) -> int:
         """Publish and confirm transactions from the slot while there are more (until the
@@ -190,6 +251,12 @@ class LogicalStream:
         """The next transactions after the first ``skip`` messages past the confirmed
         position, decoded; ``None`` if there are none."""
         assert self.slot is not None
+        if self.stream is not None:
+            transactions, more = self.stream.take(self.options.batch_size)
+            if not transactions:
+                return None
+            rows = _rows([values for each in transactions for values in each.inserts])
+            return _Batch(rows, transactions[-1].end_lsn, 0, more)
         wanted = self.options.batch_size * MESSAGES_PER_ROW
         messages = await self.slot.peek(wanted, skip=skip)
         transactions = self.decoder.transactions(messages)
@@ -229,8 +296,12 @@ class LogicalStream:
                 chunk = outcome.released
         return published
 
-    async def _settle_failed(self, failed: list[Any]) -> None:
+    async def _settle_failed(self, failed: list[Failure]) -> None:
         relay = self.relay
+        messages = [failure for failure in failed if isinstance(failure.row, MessageRow)]
+        if messages:
+            await self._hand_messages_to_table(messages)
+            failed = [failure for failure in failed if not isinstance(failure.row, MessageRow)]
         await relay.claims.settle(
             [],
             failed,
@@ -238,6 +309,7 @@ class LogicalStream:
             max_attempts=self.options.max_attempts,
             retry_delay_ms=lambda attempt: int(self.options.row_backoff.delay(attempt) * 1000),
         )
+        failed += messages
         relay.stats.failed += len(failed)
         metrics.PUBLISH_ERRORS.labels("record").inc(len(failed))
         for failure in failed:
@@ -254,6 +326,32 @@ class LogicalStream:
                 failure.error,
                 extra={"event_id": failure.row.event_id, "attempt": attempt, "parked": parked},
             )
+
+    async def _hand_messages_to_table(self, failed: list[Failure]) -> None:
+        """Write WAL messages Kafka refused to the table as failed rows (an attempt counted,
+        retried from the table with backoff, or parked): the slot moves past them."""
+        now = db_now_ms("postgresql")
+        rows = []
+        for failure in failed:
+            assert isinstance(failure.row, MessageRow)
+            values = dict(failure.row.values)
+            values["shard"] = shard_for(values["kafka_key"], values["event_id"])
+            values["last_error"] = failure.error[:2000]
+            values["attempts"] = 1
+            if self.options.max_attempts <= 1:
+                values["parked_ms"] = now
+            else:
+                values["available_ms"] = now + int(self.options.row_backoff.delay(1) * 1000)
+            rows.append(values)
+        async with self.relay.engine.begin() as conn:
+            for values in rows:
+                values.setdefault("available_ms", now)
+                statement = (
+                    insert(outbox_events)
+                    .values(**values, created_ms=now)
+                    .on_conflict_do_nothing(index_elements=["source", "event_id"])
+                )
+                await conn.execute(statement)
 
     async def _table_rows(self) -> int:
         """Publish the rows the stream leaves to the table: scheduled rows that are due, and
@@ -292,25 +390,41 @@ class LogicalStream:
             raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
 
 
-def _rows(inserts: list[dict[str, Any]]) -> list[ClaimedRow]:
-    """The rows to publish from the stream: unscheduled outbox inserts (scheduled ones are
-    the table claim's), with their headers parsed in one go."""
-    wanted = [
-        values
-        for values in inserts
-        if values["__table__"] == outbox_events.name and values.get("deliver_at_ms") is None
-    ]
+@dataclass(slots=True)
+class MessageRow(ClaimedRow):
+    """An event decoded from a WAL message: its id is minus the message's LSN (it has no
+    row), and it keeps the row's values in case Kafka refuses it and the table takes it."""
+
+    values: dict[str, Any]
+
+
+def _rows(changes: list[dict[str, Any] | Message]) -> list[ClaimedRow]:
+    """The rows to publish from the stream, in WAL order: unscheduled outbox inserts
+    (scheduled ones and rows handed to the table are the table claim's) and the outbox's WAL
+    messages, with their headers parsed in one go."""
+    wanted: list[tuple[dict[str, Any], int]] = []
+    for change in changes:
+        if isinstance(change, Message):
+            if change.prefix == wal_message.PREFIX:
+                wanted.append((wal_message.decode(change.content), -change.lsn))
+        elif (
+            change["__table__"] == outbox_events.name
+            and change.get("deliver_at_ms") is None
+            and change.get("last_error") is None
+        ):
+            wanted.append((change, change["id"]))
     if not wanted:
         return []
-    all_headers = json.loads("[" + ",".join(values["headers"] for values in wanted) + "]")
-    return [
-        ClaimedRow(
-            values["id"],
+    all_headers = json.loads("[" + ",".join(values["headers"] for values, _ in wanted) + "]")
+    rows: list[ClaimedRow] = []
+    for (values, row_id), headers in zip(wanted, all_headers, strict=True):
+        fields = (
+            row_id,
             values["topic"],
             values["kafka_key"],
             [(name, value.encode()) for name, value in headers.items()],
             values["payload"],
             0,
         )
-        for values, headers in zip(wanted, all_headers, strict=True)
-    ]
+        rows.append(MessageRow(*fields, values) if row_id < 0 else ClaimedRow(*fields))
+    return rows

@@ -25,6 +25,9 @@ class RelayOptions:
     with ``wal_level=logical``) reads committed inserts from the replication slot
     ``slot_name`` (default ``outboxkit_<database>``), one active relay per slot, and deletes
     rows once published (``retention_s`` does not apply); see docs/relay.md#logical-mode.
+    ``logical_reader``: ``"stream"`` (default) keeps one replication-protocol session open
+    (psycopg2, in a thread); ``"sql"`` peeks with ``pg_logical_slot_peek_binary_changes`` on
+    the relay's engine (a new decoding session per read: slower, no second driver).
     """
 
     batch_size: int = 500
@@ -47,10 +50,15 @@ class RelayOptions:
     listen: bool = True
     mode: Literal["poll", "logical"] = "poll"
     slot_name: str | None = None
+    logical_reader: Literal["stream", "sql"] = "stream"
 
     def __post_init__(self) -> None:
         if self.mode not in ("poll", "logical"):
             raise ValueError(f"mode must be 'poll' or 'logical', not {self.mode!r}")
+        if self.logical_reader not in ("stream", "sql"):
+            raise ValueError(
+                f"logical_reader must be 'stream' or 'sql', not {self.logical_reader!r}"
+            )
         if self.slot_name is not None:
             check_slot_name(self.slot_name)
         if self.batch_size < 1:

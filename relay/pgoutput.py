@@ -1,8 +1,10 @@
 """Decoding PostgreSQL's ``pgoutput`` messages (protocol version 1, binary tuples).
 
-Only what the logical relay reads: Begin, Relation, Insert and Commit. Values arrive in each
-type's binary send format (the slot is read with ``binary 'true'``): integers big-endian, bytea
-raw, text UTF-8. Other messages (Type, Origin, and any a publication would add) are skipped.
+Only what the logical relay reads: Begin, Relation, Insert, Commit and transactional Message
+(``pg_logical_emit_message(true, ...)``, sent with the ``messages`` option). Values arrive in
+each type's binary send format (the slot is read with ``binary 'true'``): integers big-endian,
+bytea raw, text UTF-8. Other messages (Type, Origin, non-transactional messages, and any a
+publication would add) are skipped.
 """
 
 from __future__ import annotations
@@ -31,12 +33,22 @@ class Relation:
 
 
 @dataclass(slots=True)
+class Message:
+    """A transactional logical decoding message: its LSN, prefix and content."""
+
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(slots=True)
 class Transaction:
-    """One committed transaction: the rows it inserted (column name -> value) in order."""
+    """One committed transaction: the rows it inserted (column name -> value) and the
+    transactional messages it emitted, in one list in WAL order."""
 
     end_lsn: int
     commit_time_ms: int
-    inserts: list[dict[str, Any]] = field(default_factory=list)
+    inserts: list[dict[str, Any] | Message] = field(default_factory=list)
 
 
 class Decoder:
@@ -48,27 +60,43 @@ class Decoder:
 
     def __init__(self) -> None:
         self.relations: dict[int, Relation] = {}
+        self.current: Transaction | None = None  # begun, not yet committed
+        # LSN of the last non-transactional message: every commit before it was decoded.
+        self.marker_lsn = 0
 
     def transactions(self, messages: list[bytes]) -> list[Transaction]:
         """The complete transactions among ``messages`` (a peek returns whole transactions)."""
         done: list[Transaction] = []
-        current: Transaction | None = None
         for data in messages:
-            kind = data[:1]
-            if kind == b"I":
-                assert current is not None, "an insert outside a transaction"
-                current.inserts.append(self._insert(data))
-            elif kind == b"B":
-                _, commit_us, _ = _BEGIN.unpack_from(data, 1)
-                current = Transaction(end_lsn=0, commit_time_ms=_epoch_ms(commit_us))
-            elif kind == b"C":
-                assert current is not None, "a commit outside a transaction"
-                _, _, current.end_lsn, _ = _COMMIT.unpack_from(data, 1)
-                done.append(current)
-                current = None
-            elif kind == b"R":
-                self._relation(data)
+            transaction = self.feed(data)
+            if transaction is not None:
+                done.append(transaction)
         return done
+
+    def feed(self, data: bytes) -> Transaction | None:
+        """Decode one message of a stream; return the transaction it commits, if it does."""
+        kind = data[:1]
+        current = self.current
+        if kind == b"I":
+            assert current is not None, "an insert outside a transaction"
+            current.inserts.append(self._insert(data))
+        elif kind == b"B":
+            _, commit_us, _ = _BEGIN.unpack_from(data, 1)
+            self.current = Transaction(end_lsn=0, commit_time_ms=_epoch_ms(commit_us))
+        elif kind == b"C":
+            assert current is not None, "a commit outside a transaction"
+            _, _, current.end_lsn, _ = _COMMIT.unpack_from(data, 1)
+            self.current = None
+            return current
+        elif kind == b"M":
+            message = _message(data)
+            if data[1] & 1 and current is not None:  # transactional
+                current.inserts.append(message)
+            else:
+                self.marker_lsn = max(self.marker_lsn, message.lsn)
+        elif kind == b"R":
+            self._relation(data)
+        return None
 
     def _relation(self, data: bytes) -> None:
         (oid,) = _INT[4].unpack_from(data, 1)
@@ -119,6 +147,14 @@ def _value(type_oid: int, raw: bytes, binary: bool) -> Any:
     if type_oid in (_TEXT, _VARCHAR):
         return raw.decode()
     return raw
+
+
+def _message(data: bytes) -> Message:
+    (lsn,) = _INT[8].unpack_from(data, 2)  # after the flags
+    prefix, position = _cstring(data, 10)
+    (length,) = _INT[4].unpack_from(data, position)
+    position += 4
+    return Message(lsn, prefix, data[position : position + length])
 
 
 def _cstring(data: bytes, position: int) -> tuple[str, int]:

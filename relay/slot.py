@@ -1,12 +1,12 @@
 """The logical replication slot the relay reads outbox inserts from, with SQL-level functions.
 
 The slot decodes with ``pgoutput`` through the publication ``outboxkit_outbox`` (inserts into
-``outbox_events`` only; migration 0010 creates it). Changes are read with
-``pg_logical_slot_peek_binary_changes`` (nothing is consumed) and confirmed with
-``pg_replication_slot_advance`` once Kafka has acknowledged them, in the same transaction as
-the DELETE of the published rows. These functions need no replication-protocol client, so the
-relay's asyncpg engine reads the slot (asyncpg and psycopg 3 have no replication protocol;
-only psycopg2's ``LogicalReplicationConnection`` has).
+``outbox_events`` only; migration 0010 creates it). The default reader
+streams it over the replication protocol (:mod:`~outboxkit.relay.replication`, psycopg2); the
+SQL-level reader peeks with ``pg_logical_slot_peek_binary_changes`` (nothing is consumed) on
+the relay's asyncpg engine. Either way a position is confirmed only once Kafka has acknowledged
+everything before it, after the DELETE of the published rows: by the stream's flush feedback,
+or with ``pg_replication_slot_advance``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from outboxkit.outbox.errors import OutboxError
+from outboxkit.relay.replication import SlotStream
 from sqlalchemy import BigInteger, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
@@ -31,6 +32,11 @@ _PEEK = text(
     "FROM pg_logical_slot_peek_binary_changes(:slot, NULL, :changes, 'proto_version', '1', "
     "'publication_names', :publication, 'binary', 'true')) AS messages "
     "WHERE n > :skip OR relation"
+)
+# A non-transactional message: the stream receives it after every commit before it. The
+# transaction id makes the statement commit with a WAL flush, so the message is sent at once.
+_MARKER = text(
+    "SELECT pg_logical_emit_message(false, 'outboxkit-marker', '')::text, txid_current()"
 )
 _ADVANCE = text("SELECT pg_replication_slot_advance(:slot, :lsn)")
 _DELETE = text("DELETE FROM outbox_events WHERE id = ANY(:ids)").bindparams(
@@ -60,6 +66,12 @@ def check_slot_name(name: str) -> str:
 def lsn_text(lsn: int) -> str:
     """An LSN as PostgreSQL writes it (``16/B374D848``)."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(lsn: str) -> int:
+    """An LSN from PostgreSQL's text (``16/B374D848``)."""
+    high, low = lsn.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
 
 
 async def require_logical(engine: AsyncEngine) -> None:
@@ -104,6 +116,9 @@ class Slot:
     def __init__(self, engine: AsyncEngine, name: str) -> None:
         self.engine = engine
         self.name = check_slot_name(name)
+        # The replication session reading the slot, if the stream reader is used: it holds
+        # the slot, so confirming is its flush feedback (the slot cannot be advanced by SQL).
+        self.stream: SlotStream | None = None
 
     async def ensure(self) -> bool:
         """Create the slot if it does not exist; return ``True`` if it was created now.
@@ -155,7 +170,8 @@ class Slot:
             return [row[0] for row in result]
 
     async def confirm(self, lsn: int, published_ids: Sequence[int]) -> None:
-        """Delete the published rows, then move the slot's confirmed position to ``lsn``.
+        """Delete the published rows, then move the slot's confirmed position to ``lsn``
+        (through the stream's feedback when a stream reads the slot).
 
         The DELETE commits first: a crash between the two leaves the slot behind, so those
         rows are decoded from the WAL and published again (duplicates, never a loss), and no
@@ -164,13 +180,23 @@ class Slot:
         """
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            if published_ids:
-                await conn.execute(_DELETE, {"ids": list(published_ids)})
+            rows = [row_id for row_id in published_ids if row_id > 0]  # not WAL messages
+            if rows:
+                await conn.execute(_DELETE, {"ids": rows})
+            if self.stream is not None:
+                self.stream.confirm(lsn)
+                return
             try:
                 await conn.execute(_ADVANCE, {"slot": self.name, "lsn": lsn})
             except DBAPIError as error:
                 if "cannot advance replication slot" not in str(error.orig):
                     raise
+
+    async def marker(self) -> int:
+        """Write a non-transactional marker message; return its LSN."""
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return parse_lsn(str(await conn.scalar(_MARKER)))
 
     async def drop(self) -> bool:
         """Drop the slot if it exists (it must not be in use); ``True`` if it existed."""

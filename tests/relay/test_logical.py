@@ -4,6 +4,7 @@ Kafka. Every database here is dropped with its slots (outboxkit.testing.postgres
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from outboxkit.testing.processes import kill, start_cli, terminate
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from tests.relay.test_processes import check_order, lease_holders, write_sequence
+from tests.relay.test_processes import KEYS, check_order, lease_holders, write_sequence
 from tests.support.kafka import read_topic, wait_for
 from tests.support.ops import cli
 
@@ -225,3 +226,86 @@ async def test_drop_slot_drops_it_and_the_next_relay_republishes_from_the_table(
     assert await relay_for(pg_url, kafka_bootstrap).drain(timeout_s=60) == 40
     records = await read_topic(kafka_bootstrap, topic, expected=40)
     check_order(records, 40, allow_duplicates=False)
+
+
+async def test_the_sql_reader_publishes_in_order_and_resumes_from_the_confirmed_position(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    await make_slot(pg_url, kafka_bootstrap)
+    write_sequence(pg_url, topic, 0, 100, per_tx=7)
+    sql = {"logical_reader": "sql"}
+    assert await relay_for(pg_url, kafka_bootstrap, **sql).drain(timeout_s=60) == 100
+    write_sequence(pg_url, topic, 100, 60, per_tx=6)
+    assert await relay_for(pg_url, kafka_bootstrap).drain(timeout_s=60) == 60  # the stream
+    records = await read_topic(kafka_bootstrap, topic, expected=160)
+    check_order(records, 160, allow_duplicates=False)
+
+
+def write_mixed(url: str, topic: str, count: int, per_tx: int) -> None:
+    """Events ``0..count`` over KEYS keys, even seqs as rows, odd ones as WAL messages, in
+    one transaction per ``per_tx``; and a rolled-back transaction of both kinds."""
+    engine = make_engine(url)
+    rows, messages = Outbox(default_topic=topic), Outbox(default_topic=topic, wal_messages=True)
+    for start in range(0, count, per_tx):
+        with Session(engine) as session, session.begin():
+            for seq in range(start, min(start + per_tx, count)):
+                event = new_event("seq", "/test", {"seq": seq}, partitionkey=f"key-{seq % KEYS}")
+                assert (messages if seq % 2 else rows).add(session, event)
+    with Session(engine) as session, session.begin():
+        for outbox in (rows, messages):
+            outbox.add(session, new_event("seq", "/t", {"seq": 10**6}, partitionkey="key-0"))
+        session.rollback()
+    engine.dispose()
+
+
+async def test_wal_messages_are_published_in_commit_order_with_the_inserts(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    await make_slot(pg_url, kafka_bootstrap)
+    write_mixed(pg_url, topic, 300, per_tx=5)
+    assert rows_left(pg_url)["pending"] == 150, "the messages wrote no rows"
+    relay = relay_for(pg_url, kafka_bootstrap)
+    assert await relay.drain(timeout_s=60) == 300, "drain waits for the messages in the slot"
+    records = await read_topic(kafka_bootstrap, topic, expected=300)
+    check_order(records, 300, allow_duplicates=False)  # the rolled-back seq would fail it
+    seqs = [json.loads(record.value)["seq"] for record in records]
+    assert seqs == list(range(300)), "one partition: exactly commit (and write) order"
+    assert rows_left(pg_url) == {"pending": 0, "parked": 0}
+
+
+async def test_a_wal_message_kafka_refuses_is_parked_in_the_table(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    engine = make_engine(pg_url)
+    await make_slot(pg_url, kafka_bootstrap)
+    outbox = Outbox(default_topic=topic, wal_messages=True)
+    with Session(engine) as session, session.begin():
+        outbox.add(session, new_event("big", "/test", {"fill": "x" * 8000}, partitionkey="k"))
+        outbox.add(session, new_event("seq", "/test", {"seq": 0}, partitionkey="k"))
+    engine.dispose()
+    relay = relay_for(pg_url, kafka_bootstrap, max_request_size=4096)
+    async with relay:
+        await wait_for(lambda: rows_left(pg_url), lambda r: r["parked"] == 1, 60, "parked")
+    assert rows_left(pg_url)["pending"] == 0
+    records = await read_topic(kafka_bootstrap, topic, expected=1)
+    assert [json.loads(r.value)["seq"] for r in records] == [0]
+    assert relay.stats.failed == 2  # once from the stream, once from the table
+
+
+async def test_a_scheduled_add_with_wal_messages_goes_to_the_table(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    engine = make_engine(pg_url)
+    await make_slot(pg_url, kafka_bootstrap)
+    async with relay_for(pg_url, kafka_bootstrap):
+        outbox = Outbox(default_topic=topic, wal_messages=True)
+        before_ms = time.time() * 1000
+        with Session(engine) as session, session.begin():
+            outbox.add(session, new_event("later", "/t", {"seq": 1}, partitionkey="k"), delay_s=1)
+            outbox.add(session, new_event("now", "/t", {"seq": 0}, partitionkey="k"))
+        assert rows_left(pg_url)["pending"] == 1, "the scheduled event is a row"
+        await wait_for(lambda: rows_left(pg_url)["pending"], lambda n: n == 0, 30, "later sent")
+    engine.dispose()
+    records = await read_topic(kafka_bootstrap, topic, expected=2)
+    assert [json.loads(r.value)["seq"] for r in records] == [0, 1]
+    assert records[1].timestamp >= before_ms + 1000  # same machine: one clock
