@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from outboxkit.workflows.engine import WorkflowEngine
 
 
-
 class Advancer:
     """Claims due instances and advances each one step (the engine's worker side)."""
 
