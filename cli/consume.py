@@ -154,11 +154,11 @@ def tune_gc() -> None:
 
     A chunk's records, events, models and arguments live until its transaction commits, so
     with Python's defaults the young collections promote them, and the full collections they
-    cause walk every object of the loaded libraries again: a quarter of the runtime's CPU
+    cause walk every object of the loaded libraries again: about 30% of the runtime's CPU
     (bench/README.md). So everything loaded so far is frozen out of the collector's sight
     (``gc.freeze``), and young collections wait for 50,000 new objects instead of 700, enough
     for the chunks in hand to die of reference counting first. Cyclic garbage is still
-    collected, a little later; the memory that costs is a few megabytes at most.
+    collected, only later: after up to 50,000 new objects instead of 700.
     """
     gc.collect()
     gc.freeze()
