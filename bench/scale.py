@@ -3,9 +3,12 @@
 Relay: for each count K of ``--relays`` (default 1, 2, 4), K ``outboxkit relay`` processes run
 on one fresh PostgreSQL outbox (polling every 50 ms, batches of 1,000). Once the relays have
 spread the 64 shard leases among themselves, N CloudEvents of about 1 KB (``--keys`` keys, so
-every shard has rows) are committed to the outbox in one transaction; the clock runs from that
-commit until the topic (``--partitions`` partitions) holds N records. ``--relay-mode`` is passed
-to ``outboxkit relay --mode`` when the command has that option (otherwise only ``poll`` runs).
+every shard has rows) are committed to the outbox in one transaction and the table is analyzed
+(see :func:`analyze_outbox`); the clock runs from that commit until the topic (``--partitions``
+partitions) holds N records. ``--relay-mode`` is passed to ``outboxkit relay --mode`` when the
+command has that option (otherwise only ``poll`` runs);
+in ``logical`` mode the bench waits for the replication slot instead of the leases, and since one
+relay reads a slot while the others stand by, more relays measure the standbys' cost, not scale.
 
 Consumer: for each count K of ``--consumers`` (default 1, 2, 4), K ``outboxkit consume
 bench.consumer_app:app`` processes (batch handler, inbox dedupe) join one group on a fresh topic
@@ -213,6 +216,36 @@ def leases_spread(url: str, relays: int) -> bool:
     return len(held) == relays and sum(held.values()) == SHARD_COUNT and max(held.values()) <= fair
 
 
+def slot_exists(url: str) -> bool:
+    """Whether a replication slot of the database of ``url`` exists (logical mode made it)."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            found = connection.scalar(
+                text(
+                    "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+                )
+            )
+    finally:
+        engine.dispose()
+    return bool(found)
+
+
+def drop_slots(url: str) -> None:
+    """Drop the replication slots of the database of ``url`` (its relays have stopped)."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = current_database()"
+                )
+            )
+    finally:
+        engine.dispose()
+
+
 def analyze_outbox(url: str) -> None:
     """Give the planner statistics of the filled outbox, as autovacuum does within a minute.
 
@@ -256,9 +289,16 @@ def measure_relays(
             return args if mode is None else [*args, "--mode", mode]
 
         with processes(command, count) as (started, logs):
-            wait_until(
-                lambda: leases_spread(url, count), "shard leases", SETTLE_TIMEOUT_S, started, logs
-            )
+            if mode == "logical":  # one relay reads the slot, the others stand by
+                wait_until(lambda: slot_exists(url), "a slot", SETTLE_TIMEOUT_S, started, logs)
+            else:
+                wait_until(
+                    lambda: leases_spread(url, count),
+                    "shard leases",
+                    SETTLE_TIMEOUT_S,
+                    started,
+                    logs,
+                )
             bulk_fill(url, topic, events)  # one transaction: the rows appear at once
             analyze_outbox(url)
             began, cpu_before, ticks_before = (
@@ -279,6 +319,8 @@ def measure_relays(
             cpu = cpu_seconds(started) - cpu_before
             busy = _busy_since(ticks_before)
             database = backend_cpu_since(url, database_before)
+        if mode == "logical":
+            drop_slots(url)  # a database with a logical slot cannot be dropped
     return Measured("relay", count, len(events), seconds, cpu, database, busy, os.getloadavg()[0])
 
 
