@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from outboxkit.cli.consume import tune_gc
 from outboxkit.outbox import encode_binary, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.tables import outbox_events
@@ -38,6 +40,20 @@ def sample_events(count: int, data_bytes: int, keys: int, source: str = "/bench"
         new_event("bench.event", source, {"seq": n, "fill": filler}, partitionkey=f"k{n % keys}")
         for n in range(count)
     ]
+
+
+@contextmanager
+def gc_as_in_outboxkit_consume() -> Iterator[None]:
+    """Python's garbage collector set up as ``outboxkit consume`` sets it up in its process
+    (``outboxkit.cli.consume.tune_gc``), for a consumer run inside the bench process; the
+    defaults are restored after it."""
+    threshold = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 def bulk_fill(

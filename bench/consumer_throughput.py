@@ -10,7 +10,9 @@ same server:
   (executemany), then committing the offsets by hand. No inbox, no CloudEvent decoding, no
   pydantic, no per-record error handling;
 - runtime: a :class:`consumers.ConsumerRuntime` with inbox dedupe, in this process, whose batch
-  handler (``bench.consumer_app``) inserts a chunk's rows with one executemany statement;
+  handler (``bench.consumer_app``) inserts a chunk's rows with one executemany statement. Its
+  garbage collector is set up as ``outboxkit consume`` sets it up (``--gc-defaults``: left at
+  Python's defaults, as in a host process that embeds the runtime);
 - runtime, one INSERT per event: the same with a per-event handler executing one statement;
 - runtime without SQL (``--no-ceiling`` leaves it out): the same, but the handler executes no
   statement, so only the runtime's own work is left (decoding, pydantic, one inbox claim
@@ -21,13 +23,15 @@ Each side's clock starts when its first records are in hand (group join and brok
 not measured) and stops when all N effects are committed. Usage:
 
     python -m bench.consumer_throughput [--events 50000] [--partitions 3] [--repeat 2]
-        [--sides baseline,runtime,each,ceiling]
+        [--sides baseline,runtime,each,ceiling] [--gc-defaults]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import time
 import uuid
@@ -41,7 +45,13 @@ from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.testing.kafka import create_topic
 from sqlalchemy import func, insert, select
 
-from bench.common import kafka, postgres_database, report, sample_events
+from bench.common import (
+    gc_as_in_outboxkit_consume,
+    kafka,
+    postgres_database,
+    report,
+    sample_events,
+)
 from bench.consumer_app import Effect, bench_effects, create_effects_table, make_app
 
 BATCH = 500  # max_poll_records of both sides (the runtime's default max_batch)
@@ -183,6 +193,11 @@ def main() -> None:
         default=",".join(SIDES),
         help=f"comma-separated sides to run, of {', '.join(SIDES)} (baseline always runs)",
     )
+    parser.add_argument(
+        "--gc-defaults",
+        action="store_true",
+        help="run the runtime sides with Python's GC defaults, not as outboxkit consume does",
+    )
     args = parser.parse_args()
     chosen = {"baseline", *args.sides.split(",")}
     if unknown := chosen - set(SIDES):
@@ -194,13 +209,17 @@ def main() -> None:
     with kafka() as bootstrap:
         asyncio.run(create_topic(bootstrap, topic, args.partitions))
         asyncio.run(produce(bootstrap, topic, events))
+        del events  # a consumer process does not hold them: neither do the sides
+        gc.collect()
         for _ in range(args.repeat):
             run: dict[str, float] = {}
             for side in sides:
                 _, measure, table = SIDES[side]
+                tuned = side != "baseline" and not args.gc_defaults
                 with postgres_database() as url:
                     create_effects_table(url)
-                    run[side] = asyncio.run(measure(bootstrap, topic, url, args.events))
+                    with gc_as_in_outboxkit_consume() if tuned else contextlib.nullcontext():
+                        run[side] = asyncio.run(measure(bootstrap, topic, url, args.events))
                     rows = asyncio.run(count_rows(url, table))
                 assert rows == args.events, f"{side}: {rows} {table.name} rows of {args.events}"
             runs.append(run)
@@ -225,6 +244,7 @@ def main() -> None:
         {
             "events": args.events,
             "partitions": args.partitions,
+            "runtime_gc": "python defaults" if args.gc_defaults else "as outboxkit consume",
             "runs": [
                 {
                     **{f"{side}_seconds": run[side] for side in sides},

@@ -5,11 +5,15 @@ runtime connects stops it cleanly (exit 0). When handlers are still running at t
 deadline (``--stop-timeout``), the command logs them and exits with code 4 at once, without
 waiting for threads that cannot be stopped; a watchdog thread does the same a little later if
 the event loop itself is blocked (a sync handler holding it).
+
+The process tunes Python's cyclic garbage collector once started up (:func:`tune_gc`): a
+library must not do that to its host's heap, but this process is the consumer's own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -44,6 +48,8 @@ from prometheus_client import REGISTRY
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 WATCHDOG_GRACE_S = 15.0  # past the stop deadline, for the runtime's own handling to finish
+# Container objects allocated (net) between young collections; Python's default is 700.
+GC_YOUNG_THRESHOLD = 50_000
 
 log = logging.getLogger("outboxkit.consumer")
 
@@ -126,7 +132,25 @@ def consume(
         REGISTRY.register(RuntimeCollector(runtime))
         serve_metrics(metrics_port, metrics_address, runtime.readiness)
     _start_watchdog(runtime, signals, stop_timeout + WATCHDOG_GRACE_S)
+    tune_gc()
     return asyncio.run(_serve(runtime, signals))
+
+
+def tune_gc() -> None:
+    """Set up the garbage collector of a consumer process that has loaded its app.
+
+    A chunk's records, events, models and arguments live until its transaction commits, so
+    with Python's defaults the young collections promote them, and the full collections they
+    cause walk every object of the loaded libraries again: about 30% of the runtime's CPU
+    (bench/README.md). So everything loaded so far is frozen out of the collector's sight
+    (``gc.freeze``), and young collections wait for 50,000 new objects instead of 700, enough
+    for the chunks in hand to die of reference counting first. Cyclic garbage is still
+    collected, only later: after up to 50,000 new objects instead of 700.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 async def _serve(runtime: ConsumerRuntime, signals: StopSignals) -> int:

@@ -214,14 +214,109 @@ def decode_lazily(headers: Headers, value: bytes | None) -> DecodedEvent:
 
     Call ``check_data`` (after validating the models that want the data) before trusting it.
     """
+    event = _decode_usual(headers, value)
+    if event is None:
+        event = _decode_any(headers, value)
+    _check_sizes(event)
+    return event
+
+
+def _decode_any(headers: Headers, value: bytes | None) -> DecodedEvent:
+    """Decode any record, or raise the :class:`DecodeError` that says what is wrong with it."""
     relevant = _relevant_headers(headers)
     content_type = relevant.get(CONTENT_TYPE)
     if content_type is not None and content_type.strip().lower().startswith(STRUCTURED_PREFIX):
-        event = _decode_structured(content_type, value or b"")
+        return _decode_structured(content_type, value or b"")
+    return _decode_binary(relevant, value, content_type)
+
+
+# What a header name stands for in binary mode, by its kind; see _header_kind.
+_IGNORED, _NON_EMPTY, _SPECVERSION, _TIME, _EXTENSION, _CONTENT_TYPE, _UNUSUAL = range(7)
+_HEADER_KINDS: dict[str, tuple[int, str]] = {}
+_HEADER_KINDS_MAX = 1024  # names remembered; a producer inventing names gets no more
+
+
+def _header_kind(raw_name: str) -> tuple[int, str]:
+    """How binary mode reads header ``raw_name``: its kind and the attribute it sets.
+
+    Remembered per name: records carry the same handful of header names over and over.
+    """
+    known = _HEADER_KINDS.get(raw_name)
+    if known is not None:
+        return known
+    name = raw_name.lower()
+    attribute = name[3:]
+    if name == CONTENT_TYPE:
+        kind = (_CONTENT_TYPE, "datacontenttype")
+    elif name[:3] != CE_PREFIX:
+        kind = (_IGNORED, "")
+    elif attribute in _NON_EMPTY_STRINGS or attribute in _OPTIONAL_STRINGS:
+        kind = (_NON_EMPTY, attribute)
+    elif attribute == "specversion":
+        kind = (_SPECVERSION, attribute)
+    elif attribute == TIME:
+        kind = (_TIME, attribute)
+    elif attribute != "data" and _EXTENSION_NAME.match(attribute):
+        kind = (_EXTENSION, attribute)
     else:
-        event = _decode_binary(relevant, value, content_type)
-    _check_sizes(event)
-    return event
+        kind = (_UNUSUAL, attribute)
+    if len(_HEADER_KINDS) < _HEADER_KINDS_MAX:
+        _HEADER_KINDS[raw_name] = kind
+    return kind
+
+
+def _decode_usual(headers: Headers, value: bytes | None) -> DecodedEvent | None:
+    """The binary-mode record every producer sends, decoded in one pass over its headers;
+    ``None`` for anything else (structured mode, a missing, empty, repeated or invalid
+    attribute, a header that is not UTF-8, ...), which :func:`_decode_any` then decodes or
+    refuses with the error it deserves.
+
+    It accepts exactly the records :func:`_decode_any` reads in binary mode, and reads them
+    the same (``tests/consumers/test_decoding.py`` holds the two to each other).
+    """
+    attributes: dict[str, Any] = {}
+    content_type = None
+    required = 0
+    for raw_name, raw_value in headers:
+        kind, attribute = _HEADER_KINDS.get(raw_name) or _header_kind(raw_name)
+        if kind == _IGNORED:
+            continue
+        if kind == _UNUSUAL or attribute in attributes:
+            return None
+        try:
+            text = raw_value.decode("utf-8") if raw_value else ""
+        except UnicodeDecodeError:
+            return None
+        if kind == _NON_EMPTY:
+            if not text:
+                return None
+            if attribute in _NON_EMPTY_STRINGS:
+                required += 1
+            attributes[attribute] = text
+        elif kind == _EXTENSION:
+            attributes[attribute] = text
+        elif kind == _TIME:
+            try:
+                happened = datetime.fromisoformat(text)
+            except ValueError:
+                return None  # maybe a form only the SDK's parser reads
+            if not happened.tzinfo:
+                return None
+            attributes[attribute] = happened
+        elif kind == _SPECVERSION:
+            if text != SPECVERSION:
+                return None
+            required += 1
+            attributes[attribute] = text
+        else:  # content-type
+            if not text or text.strip().lower().startswith(STRUCTURED_PREFIX):
+                return None
+            content_type = attributes[attribute] = text
+    if required != len(REQUIRED):
+        return None
+    if value and is_json_content_type(content_type):
+        return DecodedEvent(attributes, None, value)
+    return DecodedEvent(attributes, _data_from_bytes(value, content_type))
 
 
 def invalid_attributes(attributes: dict[str, Any]) -> list[str]:
@@ -396,7 +491,8 @@ def _build(attributes: dict[str, Any], data: Any, json_data: bytes | None = None
 
 
 def _check_sizes(event: DecodedEvent) -> None:
-    if len(event.get_source()) > SOURCE_MAX:
+    attributes = event._checked
+    if len(attributes["source"]) > SOURCE_MAX:
         raise InvalidAttributeError(f"'source' is longer than {SOURCE_MAX} characters")
-    if len(event.get_id()) > EVENT_ID_MAX:
+    if len(attributes["id"]) > EVENT_ID_MAX:
         raise InvalidAttributeError(f"'id' is longer than {EVENT_ID_MAX} characters")

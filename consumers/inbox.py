@@ -10,13 +10,15 @@ together. A claim that inserts nothing means the event was applied before: it is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert, supported
-from sqlalchemy import Insert, String, bindparam, delete, func, select, tuple_
+from sqlalchemy import Insert, Select, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -61,27 +63,16 @@ def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) 
 
     On PostgreSQL the keys travel as two arrays (``unnest``), so the statement text is the same
     for any number of keys and stays prepared; on SQLite they are a multi-row VALUES list.
+    :func:`claim_many` uses it on SQLite; on PostgreSQL it runs :func:`postgres_claim` instead.
     """
     supported(dialect_name)
     columns = inbox_events.c
     statement: postgresql.Insert | sqlite.Insert
     if dialect_name == "postgresql":
-        rows = (
-            func.unnest(
-                bindparam("sources", [k[0] for k in keys], type_=postgresql.ARRAY(String)),
-                bindparam("ids", [k[1] for k in keys], type_=postgresql.ARRAY(String)),
-            )
-            .table_valued("source", "event_id")
-            .render_derived(name="claimed")
-        )
-        chosen = select(
+        statement = _postgres_insert(
             bindparam("consumer", consumer, type_=String),
-            rows.c.source,
-            rows.c.event_id,
-            db_now_ms(dialect_name),
-        )
-        statement = postgresql.insert(inbox_events).from_select(
-            ["consumer", "source", "event_id", "processed_ms"], chosen
+            bindparam("sources", [k[0] for k in keys], type_=postgresql.ARRAY(String)),
+            bindparam("ids", [k[1] for k in keys], type_=postgresql.ARRAY(String)),
         )
     else:
         now = db_now_ms(dialect_name)
@@ -94,6 +85,38 @@ def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) 
     return statement.on_conflict_do_nothing(
         index_elements=["consumer", "source", "event_id"]
     ).returning(columns.source, columns.event_id)
+
+
+def _postgres_insert(consumer: Any, sources: Any, ids: Any) -> postgresql.Insert:
+    """INSERT ... SELECT of one inbox row per element of the arrays ``sources`` and ``ids``."""
+    rows = (
+        func.unnest(sources, ids).table_valued("source", "event_id").render_derived(name="claimed")
+    )
+    chosen = select(consumer, rows.c.source, rows.c.event_id, db_now_ms("postgresql"))
+    return postgresql.insert(inbox_events).from_select(
+        ["consumer", "source", "event_id", "processed_ms"], chosen
+    )
+
+
+@functools.cache
+def postgres_claim() -> Select[Sequence[Any], Sequence[Any]]:
+    """:func:`claim_many_statement` for PostgreSQL, built once: the consumer and the keys are
+    parameters (``consumer``, ``sources``, ``ids``), and the keys inserted come back as one
+    row of two arrays (``NULL`` when none was), not a row per key through SQLAlchemy's row
+    processing."""
+    columns = inbox_events.c
+    inserted = (
+        _postgres_insert(
+            bindparam("consumer", type_=String),
+            bindparam("sources", type_=postgresql.ARRAY(String)),
+            bindparam("ids", type_=postgresql.ARRAY(String)),
+        )
+        .on_conflict_do_nothing(index_elements=["consumer", "source", "event_id"])
+        .returning(columns.source, columns.event_id)
+        .cte("inserted")
+    )
+    # Both aggregates read the same rows in the same order: the arrays pair up.
+    return select(func.array_agg(inserted.c.source), func.array_agg(inserted.c.event_id))
 
 
 async def claim_many(session: AsyncSession, consumer: str, keys: Sequence[Key]) -> set[Key]:
@@ -109,8 +132,21 @@ async def claim_many(session: AsyncSession, consumer: str, keys: Sequence[Key]) 
     size = CLAIM_CHUNK.get(dialect_name, 300)
     fresh: set[Key] = set()
     for start in range(0, len(unique), size):
-        statement = claim_many_statement(dialect_name, consumer, unique[start : start + size])
-        fresh.update((source, event_id) for source, event_id in await session.execute(statement))
+        chunk = unique[start : start + size]
+        if dialect_name == "postgresql":
+            parameters = {
+                "consumer": consumer,
+                "sources": [key[0] for key in chunk],
+                "ids": [key[1] for key in chunk],
+            }
+            sources, ids = (await session.execute(postgres_claim(), parameters)).one()
+            if sources:
+                fresh.update(zip(sources, ids, strict=True))
+        else:
+            statement = claim_many_statement(dialect_name, consumer, chunk)
+            fresh.update(
+                (source, event_id) for source, event_id in await session.execute(statement)
+            )
     return fresh
 
 

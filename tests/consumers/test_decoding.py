@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import random
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -13,9 +14,9 @@ from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, to_struct
 from cloudevents.core.exceptions import CloudEventValidationError
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from outboxkit.consumers import ConsumerApp
+from outboxkit.consumers import ConsumerApp, decoding
 from outboxkit.consumers.apply import Applier, _Failure, _Run
 from outboxkit.consumers.decoding import (
     DecodedEvent,
@@ -349,3 +350,138 @@ def test_the_decoded_event_answers_every_getter_itself() -> None:
     public = {name for name, _ in inspect.getmembers(CloudEvent, inspect.isfunction)}
     public = {name for name in public if not name.startswith("_")}
     assert public <= set(vars(DecodedEvent)), public - set(vars(DecodedEvent))
+
+
+_HEADER_NAMES = st.sampled_from(
+    [
+        "ce_id",
+        "ce_source",
+        "ce_type",
+        "ce_specversion",
+        "ce_time",
+        "ce_subject",
+        "ce_datacontenttype",
+        "ce_dataschema",
+        "ce_data",
+        "ce_",
+        "CE_Type",
+        "ce_partitionkey",
+        "ce_my-ext",
+        "ce_abc\n",
+        "content-type",
+        "Content-Type",
+        "traceparent",
+        "x-other",
+    ]
+)
+_HEADER_VALUES = st.one_of(
+    st.none(),
+    st.sampled_from(
+        [
+            b"",
+            b"1.0",
+            b"0.3",
+            b"/s",
+            b"t",
+            b"application/json",
+            b"text/plain",
+            b"application/octet-stream",
+            b"application/cloudevents+json",
+            b"2026-01-01T00:00:00Z",
+            b"2026-01-01T00:00:00",
+            b"2026-01-01T00:00:00.5+02:00",
+            b"20260101T000000Z",
+            b"not a time",
+            b"\xff\xfe",
+        ]
+    ),
+    st.binary(max_size=4),
+)
+_COMPLETE = [
+    ("ce_id", b"e-1"),
+    ("ce_source", b"/s"),
+    ("ce_type", b"t"),
+    ("ce_specversion", b"1.0"),
+]
+
+
+def _outcome(decode: Any, headers: list[tuple[str, bytes | None]], value: bytes | None) -> Any:
+    """What decoding gives: the attributes and data, or the error's class and message."""
+    try:
+        event = decode(headers, value)
+        return ("event", event.get_attributes(), event.get_data())
+    except Exception as error:
+        return ("error", type(error), str(error))
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    extra=st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=5),
+    drop=st.sets(st.integers(0, 3), max_size=2),
+    value=st.none() | st.sampled_from([b"", b'{"n": 1}', b"{nope", b"text", b"\xff"]),
+    shuffle=st.randoms(use_true_random=False),
+)
+@example(
+    extra=[("ce_time", b"2026-01-01T00:00:00")],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(
+    extra=[("ce_time", b"20260101T000000Z")],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(
+    extra=[("ce_time", b"2026-01-01T00:00:00.5+02:00")],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(extra=[("CE_ID", b"e-2")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(
+    extra=[("content-type", b"text/plain"), ("ce_datacontenttype", b"text/plain")],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(extra=[("content-type", b"")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(
+    extra=[("Content-Type", b"application/cloudevents+json")],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(extra=[("ce_subject", b"")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(
+    extra=[("ce_subject", None), ("ce_partitionkey", None)],
+    drop=set(),
+    value=b'{"n": 1}',
+    shuffle=random.Random(1),
+)
+@example(extra=[("ce_my-ext", b"x")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(extra=[("ce_abc\n", b"x")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(extra=[("ce_data", b"x")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(extra=[("ce_", b"x")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+@example(
+    extra=[("ce_partitionkey", b"\xff")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1)
+)
+@example(extra=[("traceparent", b"\xff")], drop=set(), value=b'{"n": 1}', shuffle=random.Random(1))
+def test_the_one_pass_binary_decoder_agrees_with_the_general_one(  # type: ignore[no-untyped-def]
+    extra, drop, value, shuffle
+) -> None:
+    """``decode_lazily`` reads the usual binary-mode record in one pass over its headers and
+    hands anything else to the general decoder: whatever the headers (missing, repeated,
+    empty, not UTF-8, odd names, structured content type), the outcome is the general
+    decoder's, the same event or the same error."""
+    headers = [h for i, h in enumerate(_COMPLETE) if i not in drop] + extra
+    shuffle.shuffle(headers)
+
+    def general(headers: Any, value: bytes | None) -> DecodedEvent:
+        event = decoding._decode_any(headers, value)
+        decoding._check_sizes(event)
+        event.check_data()
+        return event
+
+    assert _outcome(decode_record, headers, value) == _outcome(general, headers, value)

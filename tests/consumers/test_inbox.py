@@ -9,6 +9,7 @@ from cloudevents.core.bindings.kafka import to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers import ConsumerApp, inbox_events, purge_inbox
+from outboxkit.consumers.inbox import claim_many
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
@@ -160,6 +161,36 @@ async def test_handler_output_through_outbox_is_not_repeated_for_a_duplicate_inp
     assert [(r.type, json.loads(r.payload)) for r in rows] == [
         ("invoice.created", {"order": "order-1"})
     ]
+
+
+async def test_claim_many_returns_exactly_the_keys_no_claim_had_before(db_url: str) -> None:
+    """More keys than one claim statement takes, some claimed before (by this consumer or
+    another), some given twice: the new ones come back, each claimed once."""
+    engine = make_async_engine(db_url)
+    keys = [("/s", f"e-{i}") for i in range(1_200)] + [("/t", "e-1")]
+    before = keys[::7]
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events),
+            [{"consumer": "c1", "source": s, "event_id": e, "processed_ms": 1} for s, e in before]
+            + [{"consumer": "c2", "source": "/s", "event_id": "e-1", "processed_ms": 1}],
+        )
+    async with AsyncSession(engine) as session, session.begin():
+        fresh = await claim_many(session, "c1", [*keys, keys[1], keys[-1], before[3]])
+        assert await claim_many(session, "c1", []) == set()
+    assert fresh == set(keys) - set(before)
+    async with engine.connect() as connection:
+        claimed = (
+            await connection.execute(
+                select(inbox_events.c.source, inbox_events.c.event_id).where(
+                    inbox_events.c.consumer == "c1"
+                )
+            )
+        ).all()
+    assert sorted(claimed) == sorted(keys)
+    async with AsyncSession(engine) as session, session.begin():
+        assert await claim_many(session, "c1", keys) == set()  # all of them claimed now
+    await engine.dispose()
 
 
 async def test_purge_removes_old_entries_in_chunks(db_url: str) -> None:
