@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers import ConsumerApp, ConsumerRuntime
 from outboxkit.outbox import RetryPolicy, encode_binary, new_event
@@ -50,11 +51,17 @@ def widget(n: int) -> CloudEvent:
 
 
 async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:
-    """The group's committed offsets (partitions without one are absent)."""
+    """The group's committed offsets (partitions without one are absent).
+
+    None yet while the group's coordinator is being set up: on a fresh broker the first group
+    waits for ``__consumer_offsets`` to be created, and a probe must wait through that.
+    """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(group)
+    except GroupCoordinatorNotAvailableError:
+        return {}
     finally:
         await admin.close()
     return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
