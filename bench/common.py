@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from outboxkit.cli.consume import tune_gc
 from outboxkit.outbox import encode_binary, new_event
 from outboxkit.outbox.db import make_engine
@@ -90,3 +92,26 @@ def report(name: str, title: str, columns: list[str], rows: list[list[Any]], dat
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, default=str))
     print(f"wrote {RESULTS / f'{name}.json'}")
+
+
+async def produce_batches(
+    bootstrap: str, topic: str, partitions: int, records: Iterable[tuple[Any, Any, Any]]
+) -> None:
+    """Send ``(key, value, headers)`` records through aiokafka's batch API, fast, the batches
+    round-robin over the partitions (set-up only, not what is measured)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=512 * 1024)
+    await producer.start()
+    try:
+        pending = []
+        batch, partition = producer.create_batch(), 0
+        for key, value, headers in records:
+            while batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+                batch, partition = producer.create_batch(), (partition + 1) % partitions
+            if len(pending) >= 50:
+                await asyncio.gather(*pending)
+                pending = []
+        pending.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()

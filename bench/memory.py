@@ -20,7 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
 from outboxkit.outbox import encode_binary, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.tables import outbox_events
@@ -28,7 +27,14 @@ from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.processes import start_cli
 from sqlalchemy import func, select
 
-from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
+from bench.common import (
+    bulk_fill,
+    kafka,
+    postgres_database,
+    produce_batches,
+    report,
+    sample_events,
+)
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
 
 PARTITIONS = 3
@@ -92,24 +98,15 @@ async def produce_backlog(bootstrap: str, topic: str, records: int) -> None:
     template = encode_binary(new_event(EVENT_TYPE, "/bench", {"seq": 0}))
     fixed = [(k, v.encode()) for k, v in template.headers.items() if k != "ce_id"]
     fill = "x" * 150
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=512 * 1024)
-    await producer.start()
-    try:
-        pending = []
-        batch, partition = producer.create_batch(), 0
-        for seq in range(records):
-            value = f'{{"seq": {seq}, "fill": "{fill}"}}'.encode()
-            headers = [*fixed, ("ce_id", f"m-{seq}".encode())]
-            while batch.append(timestamp=None, key=None, value=value, headers=headers) is None:
-                pending.append(await producer.send_batch(batch, topic, partition=partition))
-                batch, partition = producer.create_batch(), (partition + 1) % PARTITIONS
-            if len(pending) >= 50:
-                await asyncio.gather(*pending)
-                pending = []
-        pending.append(await producer.send_batch(batch, topic, partition=partition))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
+    records_iter = (
+        (
+            None,
+            f'{{"seq": {seq}, "fill": "{fill}"}}'.encode(),
+            [*fixed, ("ce_id", f"m-{seq}".encode())],
+        )
+        for seq in range(records)
+    )
+    await produce_batches(bootstrap, topic, PARTITIONS, records_iter)
 
 
 def applied(url: str) -> int:

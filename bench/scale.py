@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from outboxkit.outbox import encode_binary
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.sharding import SHARD_COUNT
@@ -56,7 +56,7 @@ from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import func, select, text
 
-from bench.common import bulk_fill, kafka, postgres_database, report, sample_events
+from bench.common import bulk_fill, kafka, postgres_database, produce_batches, report, sample_events
 from bench.consumer_app import bench_effects, create_effects_table
 
 SETTLE_TIMEOUT_S = 90.0  # for leases or partitions to spread over the processes
@@ -357,26 +357,6 @@ def encoded_records(events: list[Any]) -> list[tuple[bytes | None, bytes, list[t
     return records
 
 
-async def produce_fast(bootstrap: str, topic: str, partitions: int, records: list[Any]) -> None:
-    """Send ``records`` through aiokafka's batch API, batches round-robin over partitions."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=512 * 1024)
-    await producer.start()
-    try:
-        pending = []
-        batch, partition = producer.create_batch(), 0
-        for key, value, headers in records:
-            while batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
-                pending.append(await producer.send_batch(batch, topic, partition=partition))
-                batch, partition = producer.create_batch(), (partition + 1) % partitions
-            if len(pending) >= 50:
-                await asyncio.gather(*pending)
-                pending = []
-        pending.append(await producer.send_batch(batch, topic, partition=partition))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-
-
 def effects_written(url: str) -> tuple[int, float | None]:
     """Effect rows so far, and the latest ``applied_at``."""
     engine = make_engine(url)
@@ -419,7 +399,7 @@ def measure_consumers(bootstrap: str, count: int, records: list[Any], partitions
             cpu_before, ticks_before = cpu_seconds(started), machine_ticks()
             database_before = backend_cpu(url)
             began = time.time()
-            asyncio.run(produce_fast(bootstrap, topic, partitions, records))
+            asyncio.run(produce_batches(bootstrap, topic, partitions, records))
             done: list[tuple[int, float | None]] = []
 
             def all_applied() -> bool:

@@ -23,8 +23,6 @@ from outboxkit.workflows.records import (
     Status,
     WorkflowRecord,
 )
-from outboxkit.workflows.tables import workflow_instances
-from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 BAD_KINDS = frozenset({"failure", "unknown", "compensation_failed"})
@@ -49,30 +47,15 @@ async def list_workflows(
     forward (runnable past ``run_at``, or waiting past its deadline, including a step whose
     worker holds it that long or died holding it), oldest due first.
     """
-    if stuck_after_ms is None:
-        return await store.list_instances(
-            session, tenant=tenant, name=name, states=states, limit=limit
-        )
-    table = workflow_instances
-    threshold = now_ms - stuck_after_ms
-    query = (
-        select(table)
-        .where(
-            or_(
-                and_(table.c.status == Status.RUNNABLE.value, table.c.run_at_ms <= threshold),
-                and_(table.c.status == Status.WAITING.value, table.c.wait_deadline_ms <= threshold),
-            )
-        )
-        .order_by(func.coalesce(table.c.run_at_ms, table.c.wait_deadline_ms))
-        .limit(limit)
+    due_before_ms = None if stuck_after_ms is None else now_ms - stuck_after_ms
+    return await store.list_instances(
+        session,
+        tenant=tenant,
+        name=name,
+        states=states,
+        due_before_ms=due_before_ms,
+        limit=limit,
     )
-    if tenant is not None:
-        query = query.where(table.c.tenant == tenant)
-    if name is not None:
-        query = query.where(table.c.name == name)
-    if states:
-        query = query.where(table.c.state.in_(list(states)))
-    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
 
 
 def approval_status(record: WorkflowRecord) -> str:

@@ -182,16 +182,35 @@ async def list_instances(
     tenant: str | None = None,
     name: str | None = None,
     states: Sequence[str] = (),
+    due_before_ms: int | None = None,
     limit: int = 100,
 ) -> list[WorkflowRecord]:
-    """Instances, most recently changed first, filtered by tenant, name and states."""
-    query = select(workflow_instances).order_by(workflow_instances.c.updated_ms.desc()).limit(limit)
+    """Instances filtered by tenant, name and states, most recently changed first.
+
+    With ``due_before_ms`` (engine clock): only those whose work fell due before then and is
+    not done yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due
+    first: the stuck ones, when it is now minus a threshold.
+    """
+    table = workflow_instances
+    query = select(table).limit(limit)
+    if due_before_ms is None:
+        query = query.order_by(table.c.updated_ms.desc())
+    else:
+        query = query.where(
+            or_(
+                and_(table.c.status == Status.RUNNABLE.value, table.c.run_at_ms <= due_before_ms),
+                and_(
+                    table.c.status == Status.WAITING.value,
+                    table.c.wait_deadline_ms <= due_before_ms,
+                ),
+            )
+        ).order_by(func.coalesce(table.c.run_at_ms, table.c.wait_deadline_ms))
     if tenant is not None:
-        query = query.where(workflow_instances.c.tenant == tenant)
+        query = query.where(table.c.tenant == tenant)
     if name is not None:
-        query = query.where(workflow_instances.c.name == name)
+        query = query.where(table.c.name == name)
     if states:
-        query = query.where(workflow_instances.c.state.in_(list(states)))
+        query = query.where(table.c.state.in_(list(states)))
     return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
 
 
