@@ -50,6 +50,7 @@ class SlotStream:
         slot: str,
         publication: str,
         on_data: Callable[[], None],
+        columns: dict[str, tuple[str, ...]],
         *,
         max_transactions: int = 1000,
         status_interval_s: float = 1.0,
@@ -59,6 +60,7 @@ class SlotStream:
         self._slot = slot
         self._publication = publication
         self._on_data = on_data
+        self._columns = columns
         self._status_interval_s = status_interval_s
         self._connect_timeout_s = connect_timeout_s
         self._queue: queue.Queue[Transaction] = queue.Queue(max_transactions)
@@ -165,7 +167,7 @@ class SlotStream:
             self._notify()
 
     def _stream(self, connection: Any, cursor: Any) -> None:
-        decoder = Decoder()
+        decoder = Decoder(self._columns)
         sent = 0
         while not self._stopping:
             message = cursor.read_message()
