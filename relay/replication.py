@@ -42,7 +42,9 @@ class StreamLost(ConnectionError):
 
 class SlotStream:
     """One replication session on ``slot``: transactions in commit order, confirmed by the
-    caller. Start with :meth:`start`, read with :meth:`take`, end with :meth:`close`."""
+    caller, their inserts decoded to the ``columns`` named per table
+    (:class:`~outboxkit.relay.pgoutput.Decoder`). Start with :meth:`start`, read with
+    :meth:`take`, end with :meth:`close`."""
 
     def __init__(
         self,
