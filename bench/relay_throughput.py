@@ -10,13 +10,18 @@ the same events written as transactional WAL messages (``Outbox(wal_messages=Tru
 rows). Usage:
 
     python -m bench.relay_throughput [--events 50000] [--keys 100] [--per-transaction 10]
-        [--sides logical-stream,logical-sql,logical-wal]
+        [--sides logical-stream,logical-sql,logical-wal] [--no-freeze]
+
+The relay sides freeze the garbage collector's view of the heap before they start, as the
+``outboxkit relay`` CLI does after start-up; ``--no-freeze`` measures a relay embedded in a
+process that does not (then the bench's own events in memory are walked too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import time
 import uuid
@@ -60,7 +65,12 @@ async def raw_producer(bootstrap: str, topic: str, events: list) -> float:
 
 
 async def relay_drain(
-    url: str, bootstrap: str, topic: str, mode: str = "poll", reader: str = "stream"
+    url: str,
+    bootstrap: str,
+    topic: str,
+    mode: str = "poll",
+    reader: str = "stream",
+    freeze: bool = True,
 ) -> tuple[float, int]:
     """Seconds for the relay to drain the outbox, and how many rows it published."""
     warm = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -78,6 +88,10 @@ async def relay_drain(
             logical_reader=reader,  # type: ignore[arg-type]
         ),
     )
+    if freeze:
+        # As `outboxkit relay` does after start-up (cli/relay.py): the garbage collector's full
+        # collections no longer walk what is already in memory, here the bench's own events.
+        gc.freeze()
     started = time.perf_counter()
     published = await relay.drain(timeout_s=600)
     return time.perf_counter() - started, published
@@ -94,7 +108,9 @@ def main() -> None:
         default="logical-stream,logical-sql,logical-wal",
         help="logical sides beside raw and poll, comma-separated",
     )
+    parser.add_argument("--no-freeze", action="store_true", help="no gc.freeze() before a relay")
     args = parser.parse_args()
+    freeze = not args.no_freeze
     sides = [side for side in args.sides.split(",") if side]
     events = sample_events(args.events, 1000, args.keys)
     logical: dict[str, tuple[float, float]] = {}
@@ -102,7 +118,7 @@ def main() -> None:
         topic = f"relay-{uuid.uuid4().hex[:6]}"
         bulk_fill(url, topic, events)
         raw_s = asyncio.run(raw_producer(bootstrap, f"raw-{uuid.uuid4().hex[:6]}", events))
-        relay_s, published = asyncio.run(relay_drain(url, bootstrap, topic))
+        relay_s, published = asyncio.run(relay_drain(url, bootstrap, topic, freeze=freeze))
         for side in sides:
             with postgres_database() as logical_url:
                 logical_topic = f"logical-{uuid.uuid4().hex[:6]}"
@@ -112,7 +128,7 @@ def main() -> None:
                 reader = "sql" if side == "logical-sql" else "stream"
                 cpu = time.process_time()
                 seconds, done = asyncio.run(
-                    relay_drain(logical_url, bootstrap, logical_topic, "logical", reader)
+                    relay_drain(logical_url, bootstrap, logical_topic, "logical", reader, freeze)
                 )
                 assert done == args.events, f"{side} published {done} of {args.events}"
                 logical[side] = (seconds, time.process_time() - cpu)
@@ -151,6 +167,7 @@ def main() -> None:
             "target": 0.6,
             "logical_target": 0.8,
             "per_transaction": args.per_transaction,
+            "gc_freeze": freeze,
             "load_average": load,
         },
     )

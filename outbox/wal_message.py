@@ -18,6 +18,7 @@ from sqlalchemy.sql.elements import TextClause
 
 PREFIX = "outboxkit"
 _VERSION = 1
+_VERSION_BYTE = bytes((_VERSION,))
 _SHORT = struct.Struct("!H")
 _LONG = struct.Struct("!I")
 _NO_KEY = 0xFFFFFFFF
@@ -48,27 +49,37 @@ def encode(row: dict[str, Any]) -> bytes:
 def decode(content: bytes) -> dict[str, Any]:
     """The row values :func:`encode` wrote (``source``, ``event_id``, ``type``, ``topic``,
     ``kafka_key``, ``headers``, ``payload``); raises :class:`ValueError` for another format."""
-    if content[:1] != bytes((_VERSION,)):
+    return dict(zip(FIELDS, unpack(content), strict=True))
+
+
+FIELDS = (*_TEXTS, "kafka_key", "headers", "payload")
+"""The names of :func:`unpack`'s values, in order."""
+
+
+def unpack(content: bytes) -> tuple[str, str, str, str, bytes | None, str, bytes]:
+    """The values of :func:`decode` as one tuple, in the order of :data:`FIELDS` (the relay
+    decodes every message it publishes: no dictionary per message)."""
+    if content[:1] != _VERSION_BYTE:
         raise ValueError(f"unknown outbox message version {content[:1]!r}")
+    unpack_short, unpack_long = _SHORT.unpack_from, _LONG.unpack_from
     position = 1
-    row: dict[str, Any] = {}
-    for name in _TEXTS:
-        (length,) = _SHORT.unpack_from(content, position)
+    texts = []
+    for _ in range(4):
+        (length,) = unpack_short(content, position)
         position += 2
-        row[name] = content[position : position + length].decode()
+        texts.append(content[position : position + length].decode())
         position += length
-    (length,) = _LONG.unpack_from(content, position)
+    (length,) = unpack_long(content, position)
     position += 4
-    if length == _NO_KEY:
-        row["kafka_key"] = None
-    else:
-        row["kafka_key"] = content[position : position + length]
+    key = None
+    if length != _NO_KEY:
+        key = content[position : position + length]
         position += length
-    (length,) = _LONG.unpack_from(content, position)
+    (length,) = unpack_long(content, position)
     position += 4
-    row["headers"] = content[position : position + length].decode()
+    headers = content[position : position + length].decode()
     position += length
-    (length,) = _LONG.unpack_from(content, position)
+    (length,) = unpack_long(content, position)
     position += 4
-    row["payload"] = content[position : position + length]
-    return row
+    source, event_id, event_type, topic = texts
+    return source, event_id, event_type, topic, key, headers, content[position : position + length]

@@ -5,6 +5,10 @@ Only what the logical relay reads: Begin, Relation, Insert, Commit and transacti
 each type's binary send format (the slot is read with ``binary 'true'``): integers big-endian,
 bytea raw, text UTF-8. Other messages (Type, Origin, non-transactional messages, and any a
 publication would add) are skipped.
+
+The decoder runs once per streamed change, so it does as little as it can: an insert becomes
+one tuple of the columns the caller asked for (in the caller's order), the other columns are
+skipped without being read, and a table nobody asked for is skipped whole.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 _INT = {2: struct.Struct("!h"), 4: struct.Struct("!i"), 8: struct.Struct("!q")}
 # OIDs of the types the outbox table uses, and how their binary values are read.
-_BYTEA, _TEXT, _VARCHAR = 17, 25, 1043
+_TEXT, _VARCHAR = 25, 1043
 _INTEGERS = {20: 8, 21: 2, 23: 4}  # int8, int2, int4
 _COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
 _BEGIN = struct.Struct("!Qqi")  # final LSN, commit time, xid
@@ -30,6 +34,10 @@ class Relation:
     name: str
     columns: list[str]
     types: list[int]
+    # Per column, in the stream's order: where its value goes in the decoded tuple (-1: not
+    # wanted) and how its binary value is read; ``None`` when no column of the table is wanted.
+    plan: list[tuple[int, int]] | None = None
+    width: int = 0
 
 
 @dataclass(slots=True)
@@ -43,22 +51,26 @@ class Message:
 
 @dataclass(slots=True)
 class Transaction:
-    """One committed transaction: the rows it inserted (column name -> value) and the
-    transactional messages it emitted, in one list in WAL order."""
+    """One committed transaction: the rows it inserted (a tuple of the wanted columns'
+    values, see :class:`Decoder`) and the transactional messages it emitted, in one list in
+    WAL order."""
 
     end_lsn: int
     commit_time_ms: int
-    inserts: list[dict[str, Any] | Message] = field(default_factory=list)
+    inserts: list[tuple[Any, ...] | Message] = field(default_factory=list)
 
 
 class Decoder:
-    """Turns the rows of ``pg_logical_slot_peek_binary_changes`` into transactions.
+    """Turns pgoutput messages into transactions.
 
-    Relation messages are remembered across calls (the stream sends one before a table's first
-    change in each decoding session, and again after the table's definition changed).
+    ``columns`` names, per table, the columns an insert is decoded to, in that order (a column
+    the table lacks reads as ``None``); inserts into other tables are skipped. Relation
+    messages are remembered across calls (the stream sends one before a table's first change
+    in each decoding session, and again after the table's definition changed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, columns: dict[str, tuple[str, ...]]) -> None:
+        self.columns = columns
         self.relations: dict[int, Relation] = {}
         self.current: Transaction | None = None  # begun, not yet committed
         # LSN of the last non-transactional message: every commit before it was decoded.
@@ -79,7 +91,9 @@ class Decoder:
         current = self.current
         if kind == b"I":
             assert current is not None, "an insert outside a transaction"
-            current.inserts.append(self._insert(data))
+            values = self._insert(data)
+            if values is not None:
+                current.inserts.append(values)
         elif kind == b"B":
             _, commit_us, _ = _BEGIN.unpack_from(data, 1)
             self.current = Transaction(end_lsn=0, commit_time_ms=_epoch_ms(commit_us))
@@ -114,39 +128,58 @@ class Decoder:
             position += 8  # type OID and type modifier
             columns.append(column)
             types.append(type_oid)
-        self.relations[oid] = Relation(name, columns, types)
+        relation = Relation(name, columns, types)
+        wanted = self.columns.get(name)
+        if wanted is not None:
+            slots = {column: wanted.index(column) for column in wanted if column in columns}
+            relation.plan = [
+                (slots.get(column, -1), _reader(type_oid))
+                for column, type_oid in zip(columns, types, strict=True)
+            ]
+            relation.width = len(wanted)
+        self.relations[oid] = relation
 
-    def _insert(self, data: bytes) -> dict[str, Any]:
+    def _insert(self, data: bytes) -> tuple[Any, ...] | None:
         (oid,) = _INT[4].unpack_from(data, 1)
         relation = self.relations[oid]
-        (count,) = _INT[2].unpack_from(data, 6)  # after the 'N' (new tuple) marker
-        position = 8
-        values: dict[str, Any] = {"__table__": relation.name}
-        for index in range(count):
+        plan = relation.plan
+        if plan is None:
+            return None
+        values: list[Any] = [None] * relation.width
+        position = 8  # after the relation OID, the 'N' (new tuple) marker and the column count
+        unpack_length = _INT[4].unpack_from
+        for slot, reader in plan:
             kind = data[position]
             position += 1
-            if kind in (0x6E, 0x75):  # 'n' null, 'u' unchanged TOAST (never in an insert)
-                values[relation.columns[index]] = None
+            if kind == 0x6E or kind == 0x75:  # 'n' null, 'u' unchanged TOAST (not in inserts)
                 continue
-            (length,) = _INT[4].unpack_from(data, position)
+            (length,) = unpack_length(data, position)
             position += 4
-            raw = data[position : position + length]
+            if slot >= 0:
+                end = position + length
+                if kind != 0x62:  # 't': text format (a type without a binary send function)
+                    values[slot] = data[position:end].decode()
+                elif reader == _RAW:
+                    values[slot] = data[position:end]
+                elif reader == _STR:
+                    values[slot] = data[position:end].decode()
+                else:
+                    values[slot] = _INT[reader].unpack_from(data, position)[0]
             position += length
-            values[relation.columns[index]] = _value(relation.types[index], raw, kind == 0x62)
-        return values
+        return tuple(values)
 
 
-def _value(type_oid: int, raw: bytes, binary: bool) -> Any:
-    if not binary:  # 't': text format (a type without a binary send function)
-        return raw.decode()
-    size = _INTEGERS.get(type_oid)
-    if size is not None:
-        return _INT[size].unpack(raw)[0]
-    if type_oid == _BYTEA:
-        return raw
+# How a column's binary value is read: a big-endian integer of 2, 4 or 8 bytes, UTF-8 text, or
+# the raw bytes (bytea, and any type the relay does not read).
+_RAW, _STR = 0, 1
+
+
+def _reader(type_oid: int) -> int:
+    if type_oid in _INTEGERS:
+        return _INTEGERS[type_oid]
     if type_oid in (_TEXT, _VARCHAR):
-        return raw.decode()
-    return raw
+        return _STR
+    return _RAW
 
 
 def _message(data: bytes) -> Message:

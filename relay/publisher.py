@@ -154,6 +154,8 @@ class Publisher:
         failed_at: dict[bytes, int] = {}  # key -> position in ``rows`` of its first failure
         missing_topics: dict[str, str] = {}
         partitions_of: dict[str, list[int]] = {}
+        # Partition of each key already seen in this call, per topic: murmur2 is pure Python.
+        partition_of_key: dict[str, dict[bytes, int]] = {}
         queues: dict[tuple[str, int], deque[_Item]] = {}
         spans: dict[int, Any] = {}
         started = time.perf_counter()
@@ -190,7 +192,14 @@ class Publisher:
             headers = row.headers
             if tracing:
                 spans[row.id], headers = _publish_span(row)
-            partition = self._partitioner(row.key, partitions, partitions)
+            if row.key is None:
+                partition = self._partitioner(None, partitions, partitions)
+            else:
+                known = partition_of_key.setdefault(row.topic, {})
+                partition = known.get(row.key, -1)
+                if partition < 0:
+                    partition = self._partitioner(row.key, partitions, partitions)
+                    known[row.key] = partition
             queues.setdefault((row.topic, partition), deque()).append(_Item(index, row, headers))
         if outcome.outage is None:
             chains = [
@@ -231,7 +240,7 @@ class Publisher:
             batch = _Batch(producer.create_batch(), topic, partition, self._limit_of(topic))
             while items:
                 item = items[0]
-                if _behind_a_failure(item, failed_at):
+                if failed_at and _behind_a_failure(item, failed_at):
                     outcome.released.append(items.popleft().row)
                 elif batch.add(item):
                     items.popleft()
@@ -244,6 +253,9 @@ class Publisher:
             except KafkaError as error:
                 result = error
             if not isinstance(result, BaseException):
+                if not failed_at and not spans:  # the usual case: nothing to check per row
+                    outcome.published.extend(item.row for item in batch.items)
+                    continue
                 base = getattr(result, "offset", -1)
                 for item, relative in zip(batch.items, batch.offsets, strict=True):
                     self._published(outcome, failed_at, item, partition, base + relative, spans)
@@ -321,7 +333,7 @@ class Publisher:
             return False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Item:
     """A row queued for its partition, its position in the claim and its record headers."""
 

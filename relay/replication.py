@@ -42,7 +42,9 @@ class StreamLost(ConnectionError):
 
 class SlotStream:
     """One replication session on ``slot``: transactions in commit order, confirmed by the
-    caller. Start with :meth:`start`, read with :meth:`take`, end with :meth:`close`."""
+    caller, their inserts decoded to the ``columns`` named per table
+    (:class:`~outboxkit.relay.pgoutput.Decoder`). Start with :meth:`start`, read with
+    :meth:`take`, end with :meth:`close`."""
 
     def __init__(
         self,
@@ -50,6 +52,7 @@ class SlotStream:
         slot: str,
         publication: str,
         on_data: Callable[[], None],
+        columns: dict[str, tuple[str, ...]],
         *,
         max_transactions: int = 1000,
         status_interval_s: float = 1.0,
@@ -59,6 +62,7 @@ class SlotStream:
         self._slot = slot
         self._publication = publication
         self._on_data = on_data
+        self._columns = columns
         self._status_interval_s = status_interval_s
         self._connect_timeout_s = connect_timeout_s
         self._queue: queue.Queue[Transaction] = queue.Queue(max_transactions)
@@ -165,7 +169,7 @@ class SlotStream:
             self._notify()
 
     def _stream(self, connection: Any, cursor: Any) -> None:
-        decoder = Decoder()
+        decoder = Decoder(self._columns)
         sent = 0
         while not self._stopping:
             message = cursor.read_message()
