@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.outbox import wal_message
+from outboxkit.outbox import wal_at_commit, wal_message
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.outbox.errors import InvalidEventError
@@ -49,6 +49,13 @@ class Outbox:
     which is cheaper; it is not deduplicated by ``(source, id)`` (:meth:`add` returns ``True``)
     and is invisible to ``outbox list`` until published. A scheduled event, and any event on
     another database, still goes to the table (scheduling and deduplication need it).
+
+    ``emit_at_commit=True`` (with ``wal_messages=True``, a sync ``Session`` on psycopg 3): the
+    message is not executed by :meth:`add` but sent with the transaction's ``COMMIT`` in one
+    network round trip (:mod:`outboxkit.outbox.wal_at_commit`), after the session's other
+    statements; messages keep their :meth:`add` order, a rollback drops them, and a message
+    that fails fails the commit. Elsewhere (``add_async``, asyncpg, inside a savepoint) the
+    message is executed at once as with ``wal_messages=True`` alone.
     """
 
     def __init__(
@@ -57,10 +64,14 @@ class Outbox:
         default_topic: str | None = None,
         *,
         wal_messages: bool = False,
+        emit_at_commit: bool = False,
     ) -> None:
+        if emit_at_commit and not wal_messages:
+            raise ValueError("emit_at_commit=True needs wal_messages=True")
         self.topics = dict(topics or {})
         self.default_topic = default_topic
         self.wal_messages = wal_messages
+        self.emit_at_commit = emit_at_commit
         for topic in [*self.topics.values(), default_topic]:
             if topic is not None:
                 _check_topic(topic)
@@ -93,6 +104,11 @@ class Outbox:
         dialect_name = session.get_bind().dialect.name
         statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
         if statement is EMIT:
+            if self.emit_at_commit:
+                if wal_at_commit.can_defer(session):
+                    wal_at_commit.defer(session, values["content"])
+                    return True
+                wal_at_commit.emit_pending_now(session)  # keep add order
             session.execute(statement, values)
             return True
         return session.execute(statement, values).first() is not None

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from outboxkit.outbox import Outbox, new_event, wal_message
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.events import encode_binary
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.outbox.writer import outbox_row
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
+
+from tests.relay.test_logical import make_slot, relay_for, rows_left
+from tests.relay.test_processes import KEYS, check_order
+from tests.support.kafka import read_topic
 
 
 @pytest.mark.parametrize("key", ["k-1", None])
@@ -35,3 +42,93 @@ def test_wal_messages_on_sqlite_go_to_the_table(sqlite_url: str) -> None:
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(outbox_events)) == 1
     engine.dispose()
+
+
+def write_at_commit(url: str, topic: str, count: int, per_tx: int) -> None:
+    """Events ``0..count`` over KEYS keys, each transaction's first half as rows and second
+    half as messages sent with the COMMIT; and a rolled-back transaction of both kinds."""
+    engine = make_engine(url)
+    rows = Outbox(default_topic=topic)
+    messages = Outbox(default_topic=topic, wal_messages=True, emit_at_commit=True)
+    for start in range(0, count, per_tx):
+        with Session(engine) as session, session.begin():
+            seqs = range(start, min(start + per_tx, count))
+            for seq in seqs:
+                event = new_event("seq", "/test", {"seq": seq}, partitionkey=f"key-{seq % KEYS}")
+                # messages are sent after the transaction's other statements: rows go first
+                assert (messages if seq - start >= len(seqs) // 2 else rows).add(session, event)
+    with Session(engine) as session, session.begin():
+        for outbox in (rows, messages):
+            outbox.add(session, new_event("seq", "/t", {"seq": 10**6}, partitionkey="key-0"))
+        session.rollback()
+        assert "outboxkit.wal_at_commit" not in session.info, "the rollback dropped the message"
+    engine.dispose()
+
+
+async def test_messages_at_commit_are_published_in_add_order_with_the_inserts(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    await make_slot(pg_url, kafka_bootstrap)
+    write_at_commit(pg_url, topic, 300, per_tx=6)
+    assert rows_left(pg_url)["pending"] == 150, "the messages wrote no rows"
+    relay = relay_for(pg_url, kafka_bootstrap)
+    assert await relay.drain(timeout_s=60) == 300
+    records = await read_topic(kafka_bootstrap, topic, expected=300)
+    check_order(records, 300, allow_duplicates=False)  # the rolled-back seq would fail it
+    seqs = [json.loads(record.value)["seq"] for record in records]
+    assert seqs == list(range(300)), "one partition: exactly commit (and add) order"
+
+
+def test_an_emit_failing_at_commit_fails_the_commit_and_leaves_nothing(pg_url: str) -> None:
+    engine = make_engine(pg_url, pool_size=1, max_overflow=0)  # one connection throughout
+    with engine.begin() as conn:  # an emit function of this database's own that always fails
+        conn.execute(text(_REFUSING_EMIT))
+    outbox = Outbox(default_topic="a", wal_messages=True, emit_at_commit=True)
+    with Session(engine) as session:
+        session.execute(text("SET search_path = public, pg_catalog"))  # finds the failing one
+        session.commit()
+        with pytest.raises(DBAPIError, match="emit refused"), session.begin():
+            outbox.add(session, new_event("t", "/src", {"n": 1}))
+            outbox.add(session, new_event("t", "/src", {"n": 2}, partitionkey="k"))
+            session.execute(insert(outbox_events).values(**_A_ROW))  # the transaction's row
+            assert rows_in(session) == 1
+        assert rows_in(session) == 0, "nothing of the failed transaction is visible"
+        session.commit()
+        with session.begin():  # the session and its connection work on
+            session.execute(insert(outbox_events).values(**_A_ROW))
+        assert rows_in(session) == 1
+    engine.dispose()
+
+
+def test_a_message_in_a_savepoint_is_emitted_at_once_after_the_kept_ones(pg_url: str) -> None:
+    engine = make_engine(pg_url)
+    outbox = Outbox(default_topic="a", wal_messages=True, emit_at_commit=True)
+    with Session(engine) as session, session.begin():
+        outbox.add(session, new_event("t", "/src", {"n": 1}))
+        assert len(session.info["outboxkit.wal_at_commit"]) == 1
+        with session.begin_nested():
+            outbox.add(session, new_event("t", "/src", {"n": 2}))
+        assert "outboxkit.wal_at_commit" not in session.info, "both executed, in add order"
+    engine.dispose()
+
+
+def rows_in(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(outbox_events)) or 0
+
+
+_REFUSING_EMIT = """
+CREATE FUNCTION public.pg_logical_emit_message(boolean, text, bytea) RETURNS pg_lsn
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'emit refused'; END $$
+"""
+_A_ROW = {
+    "source": "/src",
+    "event_id": "row-1",
+    "type": "t",
+    "topic": "a",
+    "shard": 0,
+    "headers": "{}",
+    "payload": b"{}",
+    "created_ms": 0,
+    "available_ms": 0,
+    "attempts": 0,
+}
