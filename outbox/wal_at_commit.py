@@ -1,8 +1,9 @@
 """WAL messages sent with the COMMIT, in one network round trip (psycopg 3).
 
-``Outbox(wal_messages=True, emit_at_commit=True)``: :func:`defer` keeps a message's content in
-the session (``session.info``) instead of executing it; a ``before_commit`` hook flushes the
-session, then sends every kept message and the ``COMMIT`` in one query, so the event
+``Outbox(wal_messages=True, emit_at_commit=True)``: :func:`defer` keeps a message's content on
+the session's connection (``Connection.info``) instead of executing it; the engine's ``commit``
+event (the outermost commit, after the session's flush) sends every kept message and the
+``COMMIT`` in one query, so the event
 costs no round trip of its own. A message that fails there fails the commit: the server skips
 the ``COMMIT`` after the failed statement, so nothing of the transaction is visible. A rollback
 discards the kept messages. :func:`can_defer` says whether a session's connection allows it
@@ -13,17 +14,18 @@ message at once, as ``wal_messages=True`` alone does.
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakSet
 
 from outboxkit.outbox.wal_message import EMIT, PREFIX
 from psycopg.sql import Literal
-from sqlalchemy import event
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 _PENDING = "outboxkit.wal_at_commit"
 _EMIT_SQL = f"SELECT pg_logical_emit_message(true, '{PREFIX}', <content>); COMMIT"
 _EMIT_PREFIX = f"SELECT pg_logical_emit_message(true, '{PREFIX}', ".encode()
-_registered = False
+_registered: WeakSet[Engine] = WeakSet()
 
 
 def can_defer(session: Session) -> bool:
@@ -36,36 +38,38 @@ def can_defer(session: Session) -> bool:
 
 
 def defer(session: Session, content: bytes) -> None:
-    """Keep ``content`` to be emitted with the session's next commit (in call order)."""
-    _register()
-    pending: list[bytes] | None = session.info.get(_PENDING)
+    """Keep ``content`` to be emitted with the next commit of the session's connection (in
+    call order)."""
+    connection = session.connection()
+    _register(connection.engine)
+    pending: list[bytes] | None = connection.info.get(_PENDING)
     if pending is None:
-        session.info[_PENDING] = [content]
+        connection.info[_PENDING] = [content]
     else:
         pending.append(content)
 
 
 def emit_pending_now(session: Session) -> None:
     """Execute the kept messages at once (before a message that cannot wait: a savepoint's)."""
-    for content in session.info.pop(_PENDING, None) or ():
+    for content in session.connection().info.pop(_PENDING, None) or ():
         session.execute(EMIT, {"content": content})
 
 
-def _register() -> None:
-    global _registered
-    if not _registered:
-        event.listen(Session, "before_commit", _before_commit)
-        event.listen(Session, "after_rollback", _discard)
-        event.listen(Session, "after_soft_rollback", _after_soft_rollback)
-        _registered = True
+def _register(engine: Engine) -> None:
+    if engine not in _registered:
+        # The connection's commit event fires for the outermost transaction's commit only
+        # (after the session's flush), never for a savepoint's release, unlike the session's
+        # before_commit.
+        event.listen(engine, "commit", _commit)
+        event.listen(engine, "rollback", _discard)
+        _registered.add(engine)
 
 
-def _before_commit(session: Session) -> None:
-    if _PENDING not in session.info:
+def _commit(connection: Connection) -> None:
+    pending: list[bytes] | None = connection.info.pop(_PENDING, None)
+    if pending is None:
         return
-    session.flush()  # the session's own writes first, as they would be without the deferral
-    pending: list[bytes] = session.info.pop(_PENDING)
-    dbapi_connection: Any = session.connection().connection.dbapi_connection
+    dbapi_connection: Any = connection.connection.dbapi_connection
     # One simple-protocol query, the messages as quoted literals then COMMIT: one round trip
     # and one parse (measured 0.04-0.05 ms a transaction cheaper than the same statements in a
     # psycopg pipeline, whose commit() and exit each sync). The server skips the rest of the
@@ -78,7 +82,7 @@ def _before_commit(session: Session) -> None:
         )
         + b"COMMIT"
     )
-    dialect = session.get_bind().dialect
+    dialect = connection.dialect
     try:
         with dbapi_connection.cursor() as cursor:
             cursor.execute(query)
@@ -88,10 +92,5 @@ def _before_commit(session: Session) -> None:
         ) from error
 
 
-def _discard(session: Session) -> None:
-    session.info.pop(_PENDING, None)
-
-
-def _after_soft_rollback(session: Session, previous_transaction: Any) -> None:
-    if previous_transaction.parent is None:  # the outermost transaction rolled back
-        session.info.pop(_PENDING, None)
+def _discard(connection: Connection) -> None:
+    connection.info.pop(_PENDING, None)
