@@ -34,7 +34,7 @@ from outboxkit.actions.records import Decision, DecisionKind, Lease, OperationRe
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.actions.waiting import OperationWatch, watch_operation
 from outboxkit.outbox.backoff import Backoff
-from outboxkit.outbox.errors import PermanentError, TransientError
+from outboxkit.outbox.errors import PermanentError, TransientError, describe_error
 from outboxkit.outbox.retry import RetryPolicy
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -243,7 +243,7 @@ class _Attempt:
             op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, reason))
             raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
         except self.refusals as error:
-            message = f"refused: {_describe(error)}"
+            message = f"refused: {describe_error(error)}"
             await self._settle(
                 lease,
                 lambda s: self.store.fail(s, lease, message, final=False, require_live_lease=True),
@@ -253,7 +253,7 @@ class _Attempt:
             claim = claimed.operation
             elapsed_s = (claim.updated_ms - claim.created_ms) / 1000 + time.monotonic() - started
             delay = self.retry.next_delay(lease.attempt, elapsed_s)
-            message = _describe(error)
+            message = describe_error(error)
             if delay is None:
                 message = (
                     f"gave up after {lease.attempt} attempts in {elapsed_s:.1f}s; last: {message}"
@@ -270,7 +270,7 @@ class _Attempt:
             await asyncio.sleep(delay)
             return None
         except PermanentError as error:
-            message = _describe(error)
+            message = describe_error(error)
             op = await self._settle(
                 lease,
                 lambda s: self.store.fail(s, lease, message, final=True, require_live_lease=True),
@@ -279,11 +279,11 @@ class _Attempt:
                 f"operation {lease.key!r} failed: {op.last_error}", op
             ) from error
         except Exception as error:  # OutcomeUnknownError or anything unclassified: never guess
-            message = _describe(error)
+            message = describe_error(error)
             op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, message))
             raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
         except BaseException as error:  # cancelled mid-call: the call may have landed
-            message = f"cancelled: {_describe(error)}"
+            message = f"cancelled: {describe_error(error)}"
             await asyncio.shield(
                 self._settle(lease, lambda s: self.store.mark_unknown(s, lease, message))
             )
@@ -319,13 +319,6 @@ async def _settle(
 ) -> OperationRecord:
     async with sessions() as session, session.begin():
         return await change(session)
-
-
-def _describe(error: BaseException) -> str:
-    # The class and the first line only: a message is shown to operators, a traceback is not.
-    text = str(error).strip()
-    first = text.splitlines()[0][:300] if text else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _unknown_message(op: OperationRecord) -> str:

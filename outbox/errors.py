@@ -41,3 +41,13 @@ class PermanentError(Exception):
 
 class OutcomeUnknownError(Exception):
     """An action's call may or may not have taken effect: never retried blindly, reconciled."""
+
+
+def describe_error(error: BaseException) -> str:
+    """The class and the first line (at most 300 characters) of an error's message.
+
+    What operators see of a failure in a record: a message is shown, a traceback is not.
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__

@@ -15,6 +15,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.outbox.errors import describe_error
 from outboxkit.workflows import matching, store
 from outboxkit.workflows.changes import KEEP, Change
 from outboxkit.workflows.commit import commit
@@ -24,7 +25,6 @@ from outboxkit.workflows.decisions import (
     Decision,
     Retry,
     check_target,
-    describe,
     from_context,
     retry_later,
     review,
@@ -39,7 +39,7 @@ from outboxkit.workflows.errors import (
     WorkflowCancelledError,
     WorkflowDefinitionError,
 )
-from outboxkit.workflows.events import timer_event
+from outboxkit.workflows.events import deadline_timer, reminder_timer
 from outboxkit.workflows.failures import FailureClass, classify
 from outboxkit.workflows.metrics import FAILURES
 from outboxkit.workflows.records import (
@@ -196,20 +196,17 @@ class Advancer:
             started_ms=now,
         )
         sink = self.engine.sink
+        timers = (
+            deadline_timer(
+                sink.source, sink.signals_topic, record.tenant, record.workflow_id, spec
+            ),
+            reminder_timer(
+                sink.source, sink.signals_topic, record.tenant, record.workflow_id, spec, 1
+            ),
+        )
         events: list[tuple[CloudEvent, str, dt.datetime | None]] = [
-            (
-                timer_event(
-                    sink.source, record.tenant, record.workflow_id, spec.correlation, "deadline"
-                ),
-                sink.signals_topic,
-                _instant(spec.deadline_ms),
-            )
+            timer for timer in timers if timer is not None
         ]
-        if spec.remind_every_ms is not None and now + spec.remind_every_ms < spec.deadline_ms:
-            reminder = timer_event(
-                sink.source, record.tenant, record.workflow_id, spec.correlation, "reminder", 1
-            )
-            events.append((reminder, sink.signals_topic, _instant(now + spec.remind_every_ms)))
         # The wait as decided (what it awaits and where each answer leads) is part of the
         # record: a replay of the history compares it with what the code decides now.
         decision: dict[str, Any] = {
@@ -350,7 +347,7 @@ class Advancer:
                 status=Status.RUNNABLE,
                 trigger=trigger_of(record),
                 actor=ctx.actor,
-                decision={"reason": describe(error)},
+                decision={"reason": describe_error(error)},
                 run_at_ms=now,
                 approval=None,
                 **from_context(record, ctx),
@@ -368,7 +365,7 @@ class Advancer:
                     record.attempts + 1,
                     record.first_failure_ms or now,
                     failure.value,
-                    describe(error),
+                    describe_error(error),
                     key,
                 )
             return review(record, "unknown", failure, error, now, ctx, unknown=key)
@@ -394,7 +391,7 @@ class Advancer:
                 compensations,
                 now,
                 failure_class=failure.value,
-                last_error=describe(error),
+                last_error=describe_error(error),
                 **common,
             )
         return Change(
@@ -403,12 +400,8 @@ class Advancer:
             status=Status.RUNNABLE,
             trigger={**trigger_of(record), "failure": failure.value},
             actor=ctx.actor,
-            decision={"failure": failure.value, "error": describe(error)},
+            decision={"failure": failure.value, "error": describe_error(error)},
             run_at_ms=now,
             compensations=compensations,
             **common,
         )
-
-
-def _instant(epoch_ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)

@@ -11,6 +11,7 @@ from typing import Any
 
 from outboxkit.actions.errors import ActionOutcomeUnknownError
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.errors import describe_error
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.workflows.changes import KEEP, Change
 from outboxkit.workflows.context import WorkflowContext
@@ -117,11 +118,11 @@ def review(
         status=Status.WAITING,
         trigger={**trigger_of(record), "failure": failure.value},
         actor="worker",
-        decision={"failure": failure.value, "error": describe(error)},
+        decision={"failure": failure.value, "error": describe_error(error)},
         unknown=unknown,
         review_from=record.state,
         failure_class=failure.value,
-        last_error=describe(error),
+        last_error=describe_error(error),
         open_unknown=unknown,
         **common,
     )
@@ -141,7 +142,7 @@ def retry_later(
         attempts,
         first,
         failure.value,
-        describe(error),
+        describe_error(error),
         record.open_unknown,
     )
 
@@ -190,10 +191,3 @@ def effect_retry(budget: Budget) -> RetryPolicy:
         backoff=Backoff(base_s=0.2, cap_s=5.0),
         max_elapsed_s=budget.step_timeout_s,
     )
-
-
-def describe(error: BaseException) -> str:
-    """The class and first line of an error: shown to operators, never a traceback."""
-    text = str(error).strip()
-    first = text.splitlines()[0][:300] if text else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__

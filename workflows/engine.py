@@ -10,7 +10,6 @@ which calls :meth:`WorkflowEngine.run_due`).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from outboxkit.workflows.errors import (
     WorkflowConflictError,
     WorkflowNotFoundError,
 )
-from outboxkit.workflows.events import TIMER, reminder_event, timer_event
+from outboxkit.workflows.events import TIMER, reminder_event, reminder_timer
 from outboxkit.workflows.metrics import SIGNALS
 from outboxkit.workflows.records import (
     COMPENSATING,
@@ -284,22 +283,19 @@ class WorkflowEngine:
     async def _schedule_reminder(
         self, session: AsyncSession, current: WorkflowRecord, number: int
     ) -> None:
-        wait = current.wait
-        assert wait is not None and wait.remind_every_ms is not None
-        at_ms = wait.started_ms + number * wait.remind_every_ms
-        if at_ms >= wait.deadline_ms:
-            return
-        timer = timer_event(
-            self.sink.source,
+        assert current.wait is not None
+        sink = self.sink
+        timer = reminder_timer(
+            sink.source,
+            sink.signals_topic,
             current.tenant,
             current.workflow_id,
-            wait.correlation,
-            "reminder",
+            current.wait,
             number,
         )
-        await self.sink.outbox.add_async(
-            session, timer, topic=self.sink.signals_topic, deliver_at=_instant(at_ms)
-        )
+        if timer is not None:
+            event, topic, deliver_at = timer
+            await sink.outbox.add_async(session, event, topic=topic, deliver_at=deliver_at)
 
     def consumer_app(self, name: str = "outboxkit-workflows", **options: Any) -> ConsumerApp:
         """A consumer of the signals topic that hands every event to :meth:`deliver`.
@@ -460,7 +456,3 @@ class WorkflowEngine:
 def _json_value(value: Any) -> Any:
     """``value`` as plain JSON values (pydantic models dumped), refusing what JSON cannot hold."""
     return json.loads(canonical_json(value))
-
-
-def _instant(epoch_ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)

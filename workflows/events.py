@@ -8,10 +8,12 @@ partition key, so one workflow's transitions arrive in order. Timers are schedul
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.outbox.events import new_event
+from outboxkit.workflows.records import WaitSpec
 from outboxkit.workflows.signatures import (
     CORRELATION_EXTENSION,
     TENANT_EXTENSION,
@@ -78,3 +80,34 @@ def reminder_event(
             CORRELATION_EXTENSION: correlation,
         },
     )
+
+
+Scheduled = tuple[CloudEvent, str, dt.datetime]
+"""An event for the outbox, its topic and the instant it is due (``deliver_at``)."""
+
+
+def deadline_timer(
+    source: str, topic: str, tenant: str, workflow_id: str, wait: WaitSpec
+) -> Scheduled:
+    """The timer that wakes the wait ``wait`` at its deadline."""
+    event = timer_event(source, tenant, workflow_id, wait.correlation, "deadline")
+    return event, topic, instant(wait.deadline_ms)
+
+
+def reminder_timer(
+    source: str, topic: str, tenant: str, workflow_id: str, wait: WaitSpec, number: int
+) -> Scheduled | None:
+    """Reminder timer ``number`` of ``wait`` (due ``number`` periods after it began), or
+    ``None`` if the wait has no reminders or that one would not come before the deadline."""
+    if wait.remind_every_ms is None:
+        return None
+    at_ms = wait.started_ms + number * wait.remind_every_ms
+    if at_ms >= wait.deadline_ms:
+        return None
+    event = timer_event(source, tenant, workflow_id, wait.correlation, "reminder", number)
+    return event, topic, instant(at_ms)
+
+
+def instant(epoch_ms: int) -> dt.datetime:
+    """An epoch-milliseconds time of the engine's clock as a timezone-aware UTC instant."""
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.UTC)
