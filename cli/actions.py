@@ -20,11 +20,11 @@ from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, parse_duration_ms, settings_from
+from outboxkit.cli.sessions import in_session
 from outboxkit.ops.formatting import format_age
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.writer import Outbox
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 actions_app = typer.Typer(
@@ -63,7 +63,7 @@ def list_command(
             needs_attention=True if needs_attention else None,
             limit=limit,
         )
-        return found, await _now(session)
+        return found, await read_db_now_ms(session)
 
     operations, now = _run(db_url, query)
     if as_json:
@@ -230,25 +230,8 @@ def format_time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
-async def _now(session: AsyncSession) -> int:
-    now: int = (
-        await session.execute(select(db_now_ms(session.get_bind().dialect.name)))
-    ).scalar_one()
-    return now
-
-
 def _run(db_url: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    settings = settings_from(db_url)
-
-    async def main() -> T:
-        engine = make_async_engine(settings.db_url)
-        try:
-            async with async_sessionmaker(engine, expire_on_commit=False)() as session:
-                return await work(session)
-        finally:
-            await engine.dispose()
-
     try:
-        return asyncio.run(main())
+        return in_session(db_url, work)
     except ActionError as error:
         raise CliError(str(error)) from None

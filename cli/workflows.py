@@ -27,16 +27,16 @@ import typer
 from outboxkit.cli import signals
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, import_target, parse_duration_ms, settings_from
+from outboxkit.cli.sessions import in_session
 from outboxkit.ops import workflows as ops
 from outboxkit.ops.formatting import format_age, format_ms
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.workflows import WorkflowEngine, WorkflowRecord, WorkflowWorker
 from outboxkit.workflows.metrics import DEFAULT_STUCK_AFTER_S, WorkflowCollector
 from prometheus_client import REGISTRY
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 workflows_app = typer.Typer(
@@ -80,7 +80,7 @@ def list_command(
     stuck_ms = None if stuck_after is None else parse_duration_ms(stuck_after, "--stuck-after")
 
     async def query(session: AsyncSession) -> tuple[list[WorkflowRecord], int]:
-        now = await _now(session)
+        now = await read_db_now_ms(session)
         found = await ops.list_workflows(
             session,
             now_ms=now,
@@ -92,7 +92,7 @@ def list_command(
         )
         return found, now
 
-    records, now = _read(db_url, query)
+    records, now = in_session(db_url, query)
     rows = [ops.summary(record, now) for record in records]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -156,9 +156,11 @@ def show_command(
     """Show one instance: where it is, what comes next, its effects, unknowns and history."""
 
     async def query(session: AsyncSession) -> ops.WorkflowReport | None:
-        return await ops.describe(session, tenant, workflow_id, now_ms=await _now(session))
+        return await ops.describe(
+            session, tenant, workflow_id, now_ms=await read_db_now_ms(session)
+        )
 
-    report = _read(db_url, query)
+    report = in_session(db_url, query)
     if report is None:
         raise CliError(f"no workflow {workflow_id!r} of tenant {tenant!r}")
     if app is not None:
@@ -359,27 +361,6 @@ def _change(
             await _dispose(engine)
 
     return asyncio.run(main())
-
-
-def _read(db_url: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    settings = settings_from(db_url)
-
-    async def main() -> T:
-        engine = make_async_engine(settings.db_url)
-        try:
-            async with async_sessionmaker(engine, expire_on_commit=False)() as session:
-                return await work(session)
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(main())
-
-
-async def _now(session: AsyncSession) -> int:
-    now: int = (
-        await session.execute(select(db_now_ms(session.get_bind().dialect.name)))
-    ).scalar_one()
-    return now
 
 
 def _line(record: WorkflowRecord) -> str:

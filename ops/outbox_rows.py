@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.clock import db_now_ms, read_db_now_ms
 from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -97,7 +97,7 @@ async def list_rows(
     query = select(*_COLUMNS).where(where).order_by(order, outbox_events.c.id).limit(limit)
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
-        now = await _now(connection)
+        now = await read_db_now_ms(connection)
     return [OutboxRow(**row._mapping) for row in rows], now
 
 
@@ -154,9 +154,3 @@ async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:
         # The relays' trigger fires on INSERT only; wake them now instead of at their next poll.
         await connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": CHANNEL})
     return int(result.rowcount or 0)
-
-
-async def _now(connection: AsyncConnection) -> int:
-    now = await connection.scalar(select(db_now_ms(connection.dialect.name)))
-    assert now is not None  # one row, always
-    return int(now)

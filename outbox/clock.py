@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from outboxkit.outbox.dialects import supported
-from sqlalchemy import BigInteger, literal_column
+from sqlalchemy import BigInteger, literal_column, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 _NOW_MS_SQL = {
@@ -15,3 +16,13 @@ _NOW_MS_SQL = {
 def db_now_ms(dialect_name: str) -> ColumnElement[int]:
     """Return a SQL expression for the database's current time in epoch milliseconds."""
     return literal_column(_NOW_MS_SQL[supported(dialect_name)], BigInteger)
+
+
+async def read_db_now_ms(executor: AsyncSession | AsyncConnection) -> int:
+    """The database's current time in epoch milliseconds (one round trip)."""
+    dialect = (
+        executor.get_bind().dialect if isinstance(executor, AsyncSession) else executor.dialect
+    )
+    now = await executor.scalar(select(db_now_ms(dialect.name)))
+    assert now is not None  # one row, always
+    return int(now)
