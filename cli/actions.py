@@ -21,10 +21,10 @@ from outboxkit.actions.store import ActionStore
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, parse_duration_ms, settings_from
 from outboxkit.cli.sessions import in_session
+from outboxkit.ops.actions import resolve_operation, resolving_store
 from outboxkit.ops.formatting import format_age
 from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine
-from outboxkit.outbox.writer import Outbox
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 actions_app = typer.Typer(
@@ -161,22 +161,22 @@ def resolve_command(
         except ValueError as error:
             raise CliError(f"--result is not valid JSON: {error}") from None
     try:
-        store = ActionStore(Outbox(default_topic=topic))
+        store = resolving_store(topic)
     except ValueError as error:
         raise CliError(str(error)) from None
 
     async def change(session: AsyncSession) -> OperationRecord:
-        async with session.begin():
-            return await store.resolve(
-                session,
-                tenant=tenant,
-                key=key,
-                resolution=chosen[0],
-                by=by,
-                reason=reason,
-                result=value,
-                external_ref=external_ref,
-            )
+        return await resolve_operation(
+            session,
+            store,
+            tenant=tenant,
+            key=key,
+            resolution=chosen[0],
+            by=by,
+            reason=reason,
+            result=value,
+            external_ref=external_ref,
+        )
 
     operation = _run(db_url, change)
     typer.echo(f"{operation.key} ({operation.tenant}): {operation.state}")

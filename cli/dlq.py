@@ -32,11 +32,11 @@ from outboxkit.cli.options import (
     parse_time,
     settings_from,
 )
-from outboxkit.consumers.decoding import STRUCTURED_PREFIX, is_json_content_type
 from outboxkit.consumers.dlq_headers import header_texts
 from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
 from outboxkit.ops.dlq.grouping import FailureGroup, FailureGroups
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
+from outboxkit.ops.dlq.rendering import header_value, int_or_none, render_data
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
@@ -297,8 +297,8 @@ def show_command(
     if as_json:
         document = {
             **record.to_json(),
-            "headers": [{"name": n, "value": _header_value(v)} for n, v in letter.headers],
-            "key": _header_value(letter.key),
+            "headers": [{"name": n, "value": header_value(v)} for n, v in letter.headers],
+            "key": header_value(letter.key),
             "content_type": content_type,
             "data": data,
             "data_truncated": truncated,
@@ -309,68 +309,15 @@ def show_command(
     typer.echo(f"error: {letter.error_class or '-'}: {letter.error_message or '-'}")
     typer.echo("headers:")
     for name, value in letter.headers:
-        text = _header_value(value)
+        text = header_value(value)
         if name.startswith("outboxkit-") and (name.endswith("-ms") or name.endswith("timestamp")):
-            text = f"{text} ({format_ms(_int_or_none(value))})"
+            text = f"{text} ({format_ms(int_or_none(value))})"
         typer.echo(f"  {name}: {text}")
-    typer.echo(f"key: {'(none)' if letter.key is None else _header_value(letter.key)}")
+    typer.echo(f"key: {'(none)' if letter.key is None else header_value(letter.key)}")
     typer.echo(f"data ({size} bytes, {content_type or 'no content-type'}):")
     typer.echo(data)
     if truncated:
         typer.echo(f"... truncated: {max_bytes} of the rendering shown (--max-bytes)")
-
-
-def _header_value(value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + value[:64].hex() + ("..." if len(value) > 64 else "")
-
-
-def _int_or_none(value: bytes | None) -> int | None:
-    try:
-        return int(value or b"")
-    except ValueError:
-        return None
-
-
-def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -> tuple[str, bool]:
-    """The data as pretty JSON, text or a hex dump, cut to ``max_bytes``; and whether it was cut."""
-    if value is None:
-        return "(no value)", False
-    if not value:
-        return "(empty)", False
-    structured = (content_type or "").strip().lower().startswith(STRUCTURED_PREFIX)
-    text: str | None = None
-    if structured or is_json_content_type(content_type):
-        try:
-            text = json.dumps(json.loads(value), indent=2, ensure_ascii=False)
-        except (ValueError, UnicodeDecodeError):
-            text = None
-    if text is None:
-        try:
-            text = value.decode("utf-8")
-        except UnicodeDecodeError:
-            return _hex_dump(value, max_bytes)
-        if not all(char.isprintable() or char in "\n\r\t" for char in text):
-            return _hex_dump(value, max_bytes)  # control bytes would garble the terminal
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text, False
-    return encoded[:max_bytes].decode("utf-8", "ignore"), True
-
-
-def _hex_dump(value: bytes, max_bytes: int) -> tuple[str, bool]:
-    # 16 source bytes make a 76-byte line; cap the source so the dump fits max_bytes.
-    shown = value[: max(16, max_bytes // 76 * 16)]
-    lines = []
-    for start in range(0, len(shown), 16):
-        chunk = shown[start : start + 16]
-        printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"{start:08x}  {chunk.hex(' '):<47}  {printable}")
-    return "\n".join(lines), len(shown) < len(value)
 
 
 @dlq_app.command("replay")

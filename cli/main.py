@@ -24,6 +24,7 @@ def build_app() -> typer.Typer:
     """The root app with every command and sub-app (imported here: this is the slow part)."""
     import typer
     from outboxkit.cli.actions import actions_app
+    from outboxkit.cli.console import console
     from outboxkit.cli.consume import consume
     from outboxkit.cli.dev import dev_app
     from outboxkit.cli.dlq import dlq_app
@@ -61,6 +62,7 @@ def build_app() -> typer.Typer:
     app.command()(relay)
     app.command()(consume)
     app.command()(status)
+    app.command()(console)
     app.add_typer(outbox_app, name="outbox")
     app.add_typer(dlq_app, name="dlq")
     app.add_typer(actions_app, name="actions")

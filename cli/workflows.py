@@ -355,8 +355,7 @@ def _change(
 
     async def main() -> WorkflowRecord:
         try:
-            async with engine.sessions() as session, session.begin():
-                return await work(session)
+            return await ops.decide(engine, work)
         finally:
             await _dispose(engine)
 

@@ -88,12 +88,42 @@ def _where(which: Which, dialect: str) -> tuple[Any, Any]:
     return PENDING & (deliver_at.is_(None) | (deliver_at <= now)), outbox_events.c.id
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """Conditions on unpublished rows; ``None`` matches everything. ``after`` is the keyset
+    position of a page: the sort key ``(order value, id)`` of the previous page's last row."""
+
+    topic: str | None = None
+    type: str | None = None
+    source: str | None = None
+    after: tuple[int, int] | None = None
+
+
+def _conditions(which: Which, dialect: str, wanted: RowFilter) -> tuple[Any, Any]:
+    where, order = _where(which, dialect)
+    for column, value in (
+        (outbox_events.c.topic, wanted.topic),
+        (outbox_events.c.type, wanted.type),
+        (outbox_events.c.source, wanted.source),
+    ):
+        if value is not None:
+            where = where & (column == value)
+    return where, order
+
+
 async def list_rows(
-    engine: AsyncEngine, *, which: Which, limit: int
+    engine: AsyncEngine, *, which: Which, limit: int, wanted: RowFilter | None = None
 ) -> tuple[list[OutboxRow], int]:
     """Parked rows (oldest parked first), pending rows (oldest first) or scheduled rows (next
-    due first), and the database time."""
-    where, order = _where(which, engine.dialect.name)
+    due first), and the database time; ``wanted`` filters them and pages by keyset."""
+    wanted = wanted or RowFilter()
+    where, order = _conditions(which, engine.dialect.name, wanted)
+    if wanted.after is not None:
+        value, last_id = wanted.after
+        if order is outbox_events.c.id:
+            where = where & (outbox_events.c.id > last_id)
+        else:
+            where = where & ((order > value) | ((order == value) & (outbox_events.c.id > last_id)))
     query = select(*_COLUMNS).where(where).order_by(order, outbox_events.c.id).limit(limit)
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
@@ -101,9 +131,18 @@ async def list_rows(
     return [OutboxRow(**row._mapping) for row in rows], now
 
 
-async def count_rows(engine: AsyncEngine, *, which: Which) -> int:
-    """How many rows are parked, pending or scheduled."""
-    where, _ = _where(which, engine.dialect.name)
+def sort_key(which: Which, row: OutboxRow) -> tuple[int, int]:
+    """``row``'s keyset position in a ``which`` listing (for :attr:`RowFilter.after`)."""
+    if which == "parked":
+        return row.parked_ms or 0, row.id
+    if which == "scheduled":
+        return row.deliver_at_ms or 0, row.id
+    return row.id, row.id
+
+
+async def count_rows(engine: AsyncEngine, *, which: Which, wanted: RowFilter | None = None) -> int:
+    """How many rows are parked, pending or scheduled (and match ``wanted``)."""
+    where, _ = _conditions(which, engine.dialect.name, wanted or RowFilter())
     query = select(func.count()).select_from(outbox_events).where(where)
     async with engine.connect() as connection:
         return int(await connection.scalar(query) or 0)
@@ -135,6 +174,15 @@ async def requeue_all_parked(engine: AsyncEngine) -> int:
     """Requeue every parked row; return how many."""
     async with engine.begin() as connection:
         return await _requeue_where(connection, PARKED)
+
+
+async def requeue_matching(engine: AsyncEngine, wanted: RowFilter) -> int:
+    """Requeue the parked rows that match ``wanted`` (topic, type, source); return how many."""
+    where, _ = _conditions(
+        "parked", engine.dialect.name, RowFilter(wanted.topic, wanted.type, wanted.source)
+    )
+    async with engine.begin() as connection:
+        return await _requeue_where(connection, where)
 
 
 async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:

@@ -7,14 +7,14 @@ are measured against ``now_ms`` (epoch ms), the same clock the engine writes its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from outboxkit.actions.records import OperationRecord
 from outboxkit.actions.store import ActionStore
 from outboxkit.ops.formatting import format_age, format_ms
-from outboxkit.workflows import store
+from outboxkit.workflows import WorkflowEngine, store
 from outboxkit.workflows.records import (
     COMPENSATING,
     HUMAN_REVIEW,
@@ -23,6 +23,8 @@ from outboxkit.workflows.records import (
     Status,
     WorkflowRecord,
 )
+from outboxkit.workflows.tables import workflow_instances
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 BAD_KINDS = frozenset({"failure", "unknown", "compensation_failed"})
@@ -299,3 +301,21 @@ def age_text(now_ms: int, epoch_ms: int | None) -> str:
     if epoch_ms >= now_ms:
         return f"in {format_age(epoch_ms - now_ms)}"
     return f"{format_age(now_ms - epoch_ms)} ago"
+
+
+async def state_counts(session: AsyncSession) -> dict[tuple[str, str], int]:
+    """How many instances are in each ``(state, status)``."""
+    table = workflow_instances
+    rows = await session.execute(
+        select(table.c.state, table.c.status, func.count()).group_by(table.c.state, table.c.status)
+    )
+    return {(row[0], row[1]): int(row[2]) for row in rows}
+
+
+async def decide(
+    engine: WorkflowEngine, work: Callable[[AsyncSession], Awaitable[WorkflowRecord]]
+) -> WorkflowRecord:
+    """Run an operator's decision (``engine.cancel``, ``resume``, ``escalate``) in one
+    transaction of the engine's database."""
+    async with engine.sessions() as session, session.begin():
+        return await work(session)

@@ -2,8 +2,8 @@
 
 The order, lowest first: the outbox kernel; migrations, relay and consumers (which never import
 each other); agent actions and HTTP idempotency; durable workflows; operator tools and the test
-kit; the CLI; the root package, which only gathers public names. A module may import its own
-layer's package and any lower layer.
+kit; the web console; the CLI; the root package, which only gathers public names. A module may
+import its own layer's package and any lower layer.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"actions", "idempotency"},
     {"workflows"},
     {"ops", "testing"},
+    {"console"},
     {"cli"},
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}

@@ -7,6 +7,7 @@ together.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,3 +83,22 @@ def group_by_cause(records: Iterable[DlqRecord]) -> list[FailureGroup]:
     for record in records:
         groups.add(record)
     return groups.ordered()
+
+
+HOUR_MS = 3_600_000
+
+
+class Tallies:
+    """Counts of dead letters by event type, original topic and hour dead-lettered (UTC), the
+    other ways the console groups them besides their cause."""
+
+    def __init__(self) -> None:
+        self.by_type: Counter[str] = Counter()
+        self.by_topic: Counter[str] = Counter()
+        self.by_hour: Counter[int] = Counter()
+
+    def add(self, record: DlqRecord) -> None:
+        """Count ``record``."""
+        self.by_type[record.type or "-"] += 1
+        self.by_topic[record.letter.topic or "-"] += 1
+        self.by_hour[record.timestamp // HOUR_MS * HOUR_MS] += 1

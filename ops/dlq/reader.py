@@ -132,6 +132,8 @@ class DlqFilter:
     from_offset: int | None = None
     to_offset: int | None = None
     partitions: frozenset[int] | None = None
+    fingerprints: frozenset[str] = frozenset()
+    """Causes (:attr:`DlqRecord.fingerprint_id`): a failure group of ``dlq list --group``."""
 
     def __post_init__(self) -> None:
         if (
@@ -173,6 +175,8 @@ class DlqFilter:
         if self.from_offset is not None and record.offset < self.from_offset:
             return False
         if self.to_offset is not None and record.offset > self.to_offset:
+            return False
+        if self.fingerprints and record.fingerprint_id not in self.fingerprints:
             return False
         return self.partitions is None or record.partition in self.partitions
 

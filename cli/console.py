@@ -1,0 +1,125 @@
+"""``outboxkit console``: serve the operator console (extra ``console``) until Ctrl-C.
+
+It binds 127.0.0.1 unless told otherwise, and lets no one in without a token (``--tokens-file``
+or ``OUTBOXKIT_CONSOLE_TOKENS``: ``TOKEN ROLE NAME`` lines) unless ``--insecure-no-auth``,
+which only a loopback address accepts. Workflow decisions go through ``--app MODULE:ENGINE``
+(as ``outboxkit workflows resume``); without it the workflow pages only read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from outboxkit.cli.errors import CliError
+from outboxkit.cli.options import (
+    BootstrapOption,
+    DbUrlOption,
+    SaslMechanismOption,
+    SaslUsernameOption,
+    SecurityProtocolOption,
+    SslCafileOption,
+    SslCertfileOption,
+    SslKeyfileOption,
+    TimeoutOption,
+    kafka_from,
+    settings_from,
+)
+from outboxkit.cli.status import DlqTopicsOption, GroupsOption
+from outboxkit.ops.access import quiet_kafka_logs
+
+DEFAULT_PORT = 8470
+TOKENS_VARIABLE = "OUTBOXKIT_CONSOLE_TOKENS"
+
+
+def console(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: loopback)."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535, help="Port to serve on."),
+    tokens_file: Path | None = typer.Option(  # noqa: B008 - typer reads the default
+        None,
+        "--tokens-file",
+        help=f"Lines TOKEN ROLE NAME (ROLE viewer or operator) [env: {TOKENS_VARIABLE}, the same "
+        "lines separated by ';'].",
+    ),
+    insecure_no_auth: bool = typer.Option(
+        False, "--insecure-no-auth", help="Let anyone in as an operator (loopback only)."
+    ),
+    app: str | None = typer.Option(
+        None,
+        "--app",
+        envvar="OUTBOXKIT_WORKFLOW_APP",
+        metavar="MODULE:ENGINE",
+        help="The application's WorkflowEngine (or a function of the sessions), for resume, "
+        "cancel and escalate.",
+    ),
+    actions_topic: str | None = typer.Option(
+        None, "--actions-topic", envvar="OUTBOXKIT_ACTIONS_TOPIC", help="Topic of resolutions."
+    ),
+    refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Overview refresh (s)."),
+    secure_cookies: bool = typer.Option(
+        False, "--secure-cookies", help="Mark cookies Secure (behind an HTTPS reverse proxy)."
+    ),
+    groups: list[str] | None = GroupsOption,
+    dlq_topics: list[str] | None = DlqTopicsOption,
+    db_url: str | None = DbUrlOption,
+    bootstrap: str | None = BootstrapOption,
+    security_protocol: str | None = SecurityProtocolOption,
+    sasl_mechanism: str | None = SaslMechanismOption,
+    sasl_username: str | None = SaslUsernameOption,
+    ssl_cafile: Path | None = SslCafileOption,
+    ssl_certfile: Path | None = SslCertfileOption,
+    ssl_keyfile: Path | None = SslKeyfileOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """Serve the operator console in the browser until Ctrl-C."""
+    try:
+        import uvicorn
+        from outboxkit.console import ConsoleConfig, Tokens, create_app
+        from outboxkit.console.security import is_loopback
+    except ImportError as error:
+        raise CliError(
+            f"the console needs the 'console' extra (pip install 'outboxkit[console]'): {error}"
+        ) from None
+    from outboxkit.actions.events import DEFAULT_TOPIC
+
+    tokens = Tokens.load(tokens_file, os.environ.get(TOKENS_VARIABLE))
+    if insecure_no_auth and not is_loopback(host):
+        raise CliError(f"--insecure-no-auth serves a loopback address only, not {host}")
+    if not insecure_no_auth and not tokens.by_digest:
+        raise CliError(
+            f"no tokens: give --tokens-file or {TOKENS_VARIABLE} (or --insecure-no-auth on "
+            "loopback)"
+        )
+    settings = settings_from(db_url)
+    kafka = kafka_from(
+        bootstrap,
+        security_protocol,
+        sasl_mechanism,
+        sasl_username,
+        ssl_cafile,
+        ssl_certfile,
+        ssl_keyfile,
+    )
+    engine_factory = None
+    if app is not None:
+        from outboxkit.cli.workflows import load_engine
+
+        target = app
+        engine_factory = lambda: load_engine(target, db_url)  # noqa: E731
+    config = ConsoleConfig(
+        db_url=settings.db_url,
+        kafka=kafka,
+        tokens=tokens,
+        insecure_no_auth=insecure_no_auth,
+        dlq_topics=tuple(dlq_topics or ()),
+        groups=tuple(groups or ()),
+        timeout=timeout,
+        actions_topic=actions_topic or DEFAULT_TOPIC,
+        workflow_engine=engine_factory,
+        refresh_s=refresh,
+        secure_cookies=secure_cookies,
+    )
+    quiet_kafka_logs()
+    typer.echo(f"outboxkit console on http://{host}:{port}/", err=True)
+    uvicorn.run(create_app(config), host=host, port=port, access_log=False, log_level="warning")

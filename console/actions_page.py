@@ -1,0 +1,76 @@
+"""Agent actions: the UNKNOWN queue, the longest UNKNOWN first; resolve one (succeeded or
+failed with a reason) through :func:`outboxkit.ops.actions.resolve_operation`, as
+``outboxkit actions resolve``; audited in the ledger's trail and in the console's."""
+
+from __future__ import annotations
+
+from outboxkit.actions.errors import ActionError
+from outboxkit.actions.records import Resolution
+from outboxkit.console.context import console_of, reason_of, text_of
+from outboxkit.ops.actions import resolve_operation, resolving_store, unknown_queue
+from outboxkit.outbox.clock import read_db_now_ms
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+RESOLUTIONS = {"succeeded": Resolution.SUCCEEDED, "failed": Resolution.FAILED}
+
+
+async def queue_page(request: Request) -> Response:
+    """The UNKNOWN operations."""
+    console = console_of(request)
+    tenant = text_of(request.query_params, "tenant")
+    async with AsyncSession(console.engine) as session:
+        operations = await unknown_queue(session, tenant=tenant, limit=console.config.page_size)
+        now = await read_db_now_ms(session)
+    return console.render(request, "actions.html", operations=operations, now=now, tenant=tenant)
+
+
+async def resolve_action(request: Request) -> Response:
+    """Resolve one operation: SUCCEEDED or FAILED_FINAL, with the operator's reason."""
+    console = console_of(request)
+    principal, form = await console.change_form(request)
+    tenant, key = text_of(form, "tenant"), text_of(form, "key")
+    resolution = RESOLUTIONS.get(text_of(form, "resolution") or "")
+    if tenant is None or key is None or resolution is None:
+        raise HTTPException(400, "give the tenant, the key and succeeded or failed")
+    reason = reason_of(form)
+    try:
+        store = resolving_store(console.config.actions_topic)
+        async with AsyncSession(console.engine, expire_on_commit=False) as session:
+            operation = await resolve_operation(
+                session,
+                store,
+                tenant=tenant,
+                key=key,
+                resolution=resolution,
+                by=principal.name,
+                reason=reason,
+                external_ref=text_of(form, "external_ref"),
+            )
+    except (ActionError, ValueError) as error:
+        await console.audit(
+            principal, action="actions.resolve", target=f"{tenant}/{key}",
+            filter={"resolution": resolution.value}, count=0, reason=reason,
+            outcome=f"refused: {error}",
+        )  # fmt: skip
+        raise HTTPException(409, str(error)) from None
+    text = f"{operation.key} ({operation.tenant}): {operation.state}"
+    await console.audit(
+        principal,
+        action="actions.resolve",
+        target=f"{tenant}/{key}",
+        filter={"resolution": resolution.value},
+        count=1,
+        reason=reason,
+        outcome=text,
+    )
+    return console.render(request, "done.html", message=text, back="/actions")
+
+
+routes = [
+    Route("/actions", queue_page, methods=["GET"]),
+    Route("/actions/resolve", resolve_action, methods=["POST"]),
+]

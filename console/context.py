@@ -1,0 +1,170 @@
+"""What every page of the console shares: the configuration, the database engine, sessions,
+templates; and the helpers that render a page and guard a change."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from outboxkit.actions.events import DEFAULT_TOPIC
+from outboxkit.console import audit
+from outboxkit.console.security import CSRF_FIELD, Principal, Sessions, Tokens, csrf_matches
+from outboxkit.ops.access import DEFAULT_TIMEOUT_S
+from outboxkit.ops.formatting import format_age, format_ms
+from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.workflows import WorkflowEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50
+
+
+@dataclass
+class ConsoleConfig:
+    """How the console reaches its sources and who may use it.
+
+    ``workflow_engine`` builds the application's engine (``--app``), for the workflow decisions;
+    ``None``: the workflow pages only read. ``insecure_no_auth`` lets anyone in as an operator
+    (the CLI allows it on a loopback address only).
+    """
+
+    db_url: str
+    kafka: KafkaSettings
+    tokens: Tokens = field(default_factory=Tokens)
+    insecure_no_auth: bool = False
+    dlq_topics: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT_S
+    actions_topic: str = DEFAULT_TOPIC
+    workflow_engine: Callable[[], WorkflowEngine] | None = None
+    refresh_s: float = 5.0
+    page_size: int = PAGE_SIZE
+    secure_cookies: bool = False
+
+
+class Console:
+    """The running console's state (one per app)."""
+
+    def __init__(self, config: ConsoleConfig, engine: AsyncEngine) -> None:
+        self.config = config
+        self.engine = engine
+        self.sessions = Sessions()
+        self.login_secret = secrets.token_bytes(32)
+        self._workflow_engine: WorkflowEngine | None = None
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(["html"]),
+            enable_async=False,
+        )
+        self.templates.filters["time"] = format_ms
+        self.templates.filters["age"] = format_age
+
+    def tokens_find(self, token: str) -> Principal | None:
+        """The principal of a typed token."""
+        return self.config.tokens.find(token.strip()) if token.strip() else None
+
+    def workflow_engine(self) -> WorkflowEngine | None:
+        """The application's engine, built on first use; ``None`` without ``--app``."""
+        if self._workflow_engine is None and self.config.workflow_engine is not None:
+            self._workflow_engine = self.config.workflow_engine()
+        return self._workflow_engine
+
+    async def close(self) -> None:
+        """Dispose of the database engines."""
+        await self.engine.dispose()
+        wf = self._workflow_engine
+        bind = None if wf is None else wf.sessions.kw.get("bind")
+        if isinstance(bind, AsyncEngine):
+            await bind.dispose()
+
+    def render(
+        self, request: Request, template: str, status_code: int = 200, **values: Any
+    ) -> HTMLResponse:
+        """``template`` with the principal, CSRF token and ``values``."""
+        principal: Principal = request.state.principal
+        session = getattr(request.state, "session", None)
+        html = self.templates.get_template(template).render(
+            principal=principal,
+            csrf=session.csrf if session is not None else "",
+            csrf_field=CSRF_FIELD,
+            path=request.url.path,
+            refresh_s=self.config.refresh_s,
+            **values,
+        )
+        return HTMLResponse(html, status_code=status_code)
+
+    async def change_form(self, request: Request) -> tuple[Principal, FormData]:
+        """The form of a state-changing POST, once its CSRF token and the operator role are
+        checked (403 otherwise)."""
+        session = getattr(request.state, "session", None)
+        form = await request.form()
+        if session is None or not csrf_matches(session.csrf, form.get(CSRF_FIELD)):
+            raise HTTPException(403, "missing or wrong CSRF token")
+        principal: Principal = request.state.principal
+        if not principal.may_act:
+            raise HTTPException(403, f"{principal.name} is a viewer: viewers cannot act")
+        return principal, form
+
+    async def audit(
+        self,
+        principal: Principal,
+        *,
+        action: str,
+        target: str,
+        filter: dict[str, Any],
+        count: int | None,
+        reason: str,
+        outcome: str,
+    ) -> None:
+        """Record an action in the audit trail."""
+        await audit.record(
+            self.engine,
+            actor=principal.name,
+            role=principal.role,
+            action=action,
+            target=target,
+            filter=filter,
+            count=count,
+            reason=reason,
+            outcome=outcome,
+        )
+
+
+def console_of(request: Request) -> Console:
+    """The console serving ``request``."""
+    console: Console = request.app.state.console
+    return console
+
+
+def reason_of(form: FormData) -> str:
+    """The form's ``reason``, required for every action (400 without one)."""
+    reason = str(form.get("reason") or "").strip()
+    if not reason:
+        raise HTTPException(400, "a reason is required")
+    return reason[:1000]
+
+
+def text_of(form: FormData | Any, name: str) -> str | None:
+    """A form or query field as stripped text, ``None`` when absent or empty."""
+    value = form.get(name)
+    text = str(value).strip() if value is not None else ""
+    return text or None
+
+
+def int_of(form: FormData | Any, name: str) -> int | None:
+    """A form or query field as an integer (400 when it is not one)."""
+    text = text_of(form, name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be an integer") from None

@@ -1,0 +1,162 @@
+"""Dead letters: topics, failure groups (cause, type, original topic, hour), one letter, and
+replay of a letter, a group or a filter: a dry run counts first, the replay goes through
+:class:`outboxkit.ops.dlq.replay.Replayer` and its ledger exactly as ``outboxkit dlq replay``.
+
+A letter's payload is shown to operators only (viewers see its size); headers and the error are
+shown to both.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from outboxkit.console.context import console_of, int_of, reason_of, text_of
+from outboxkit.consumers.dlq_headers import header_texts
+from outboxkit.ops.access import database_bounded, require_tables
+from outboxkit.ops.dlq.grouping import FailureGroups, Tallies
+from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
+from outboxkit.ops.dlq.rendering import header_value, render_data
+from outboxkit.ops.dlq.replay import Replayer, ReplayOptions
+from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.status import dlq_counts
+from starlette.datastructures import FormData, QueryParams
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+MAX_DATA_BYTES = 16_384
+FILTER_FIELDS = ("type", "source", "error_class", "fingerprint", "partition", "offset", "until_ms")
+
+
+def _reader(request: Request) -> DlqReader:
+    config = console_of(request).config
+    return DlqReader(config.kafka, config.timeout)
+
+
+def _fields(values: QueryParams | FormData) -> dict[str, str]:
+    return {name: text for name in FILTER_FIELDS if (text := text_of(values, name)) is not None}
+
+
+def _filter(fields: dict[str, str]) -> DlqFilter:
+    def one(name: str) -> frozenset[str]:
+        return frozenset([fields[name]]) if name in fields else frozenset()
+
+    offset = int_of(fields, "offset")
+    partition = int_of(fields, "partition")
+    return DlqFilter(
+        types=one("type"),
+        sources=one("source"),
+        error_classes=one("error_class"),
+        fingerprints=one("fingerprint"),
+        from_offset=offset,
+        to_offset=offset,
+        partitions=None if partition is None else frozenset([partition]),
+        until_ms=int_of(fields, "until_ms"),
+    )
+
+
+async def topics_page(request: Request) -> Response:
+    """Every dead-letter topic and how many records it holds."""
+    console = console_of(request)
+    async with _reader(request) as reader:
+        infos = await dlq_counts(reader, console.config.dlq_topics or None)
+    return console.render(request, "dlq_topics.html", infos=infos)
+
+
+async def topic_page(request: Request) -> Response:
+    """A topic's letters grouped, and the first ones listed."""
+    console = console_of(request)
+    topic = request.path_params["topic"]
+    fields = _fields(request.query_params)
+    wanted = _filter(fields)
+    groups, tallies, shown, matched = FailureGroups(), Tallies(), list[DlqRecord](), 0
+    async with _reader(request) as reader:
+        async for record in reader.read(topic, wanted):
+            matched += 1
+            groups.add(record)
+            tallies.add(record)
+            if len(shown) < console.config.page_size:
+                shown.append(record)
+    return console.render(
+        request,
+        "dlq_topic.html",
+        topic=topic,
+        fields=fields,
+        matched=matched,
+        groups=groups.ordered(),
+        tallies=tallies,
+        shown=shown,
+    )
+
+
+async def letter_page(request: Request) -> Response:
+    """One letter: where it came from, its error and headers; its data for operators."""
+    console = console_of(request)
+    topic = request.path_params["topic"]
+    partition, offset = request.path_params["partition"], request.path_params["offset"]
+    async with _reader(request) as reader:
+        record = await reader.fetch(topic, partition, offset)
+    letter = record.letter
+    data: tuple[str, bool] | None = None
+    if request.state.principal.may_act:
+        content_type = header_texts(letter.headers).get("content-type")
+        data = render_data(letter.value, content_type, MAX_DATA_BYTES)
+    return console.render(
+        request,
+        "dlq_letter.html",
+        topic=topic,
+        record=record,
+        headers=[(name, header_value(value)) for name, value in letter.headers],
+        data=data,
+        size=len(letter.value or b""),
+    )
+
+
+async def replay_action(request: Request) -> Response:
+    """``step=count``: a dry run, its count and a confirmation form (bounded to the letters
+    dead-lettered until now); ``step=confirm``: the replay, recorded in the audit trail."""
+    console = console_of(request)
+    principal, form = await console.change_form(request)
+    topic = request.path_params["topic"]
+    fields = _fields(form)
+    fields.setdefault("until_ms", str(int(time.time() * 1000)))
+    wanted = _filter(fields)
+    confirm = text_of(form, "step") == "confirm"
+    reason = reason_of(form) if confirm else ""
+    options = ReplayOptions(by=principal.name, dry_run=not confirm)
+    engine = console.engine
+    async with _reader(request) as reader, database_bounded(engine, console.config.timeout):
+        await require_tables(engine, [dlq_replays.name])
+        summary = await Replayer(reader, engine).run(topic, wanted, options)
+    if not confirm:
+        return console.render(
+            request, "dlq_confirm.html", topic=topic, fields=fields, summary=summary
+        )
+    expected = int_of(form, "expected")
+    text = (
+        f"replay {summary.replay_id}: {summary.matched} matched, {summary.replayed} replayed, "
+        f"{summary.already_replayed} skipped as already replayed, "
+        f"{summary.no_target} without an original topic"
+    )
+    if expected is not None and expected != summary.replayed:
+        text += f" ({expected} counted by the dry run)"
+    described: dict[str, Any] = {"topic": topic, **fields}
+    await console.audit(
+        principal,
+        action="dlq.replay",
+        target=topic,
+        filter=described,
+        count=summary.replayed,
+        reason=reason,
+        outcome=text,
+    )
+    return console.render(request, "done.html", message=text, back=f"/dlq/{topic}")
+
+
+routes = [
+    Route("/dlq", topics_page, methods=["GET"]),
+    Route("/dlq/{topic}", topic_page, methods=["GET"]),
+    Route("/dlq/{topic}/replay", replay_action, methods=["POST"]),
+    Route("/dlq/{topic}/{partition:int}/{offset:int}", letter_page, methods=["GET"]),
+]

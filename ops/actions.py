@@ -1,0 +1,55 @@
+"""Operator actions on agent operations: the UNKNOWN queue, and resolving one by hand.
+
+``outboxkit actions resolve`` and the console's actions page both resolve through
+:func:`resolve_operation`: audited with who and why, and published on the actions topic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outboxkit.actions.records import OperationRecord, Resolution
+from outboxkit.actions.states import State
+from outboxkit.actions.store import ActionStore
+from outboxkit.outbox.writer import Outbox
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+async def unknown_queue(
+    session: AsyncSession, *, tenant: str | None = None, limit: int = 100
+) -> list[OperationRecord]:
+    """UNKNOWN operations, the longest UNKNOWN first."""
+    return await ActionStore().list_operations(
+        session, tenant=tenant, state=State.UNKNOWN, limit=limit
+    )
+
+
+def resolving_store(topic: str) -> ActionStore:
+    """The store that publishes a resolution on ``topic``; ``ValueError`` for a bad name."""
+    return ActionStore(Outbox(default_topic=topic))
+
+
+async def resolve_operation(
+    session: AsyncSession,
+    store: ActionStore,
+    *,
+    tenant: str,
+    key: str,
+    resolution: Resolution,
+    by: str,
+    reason: str,
+    result: Any = None,
+    external_ref: str | None = None,
+) -> OperationRecord:
+    """Resolve one operation in a transaction of its own (``session`` is not in one)."""
+    async with session.begin():
+        return await store.resolve(
+            session,
+            tenant=tenant,
+            key=key,
+            resolution=resolution,
+            by=by,
+            reason=reason,
+            result=result,
+            external_ref=external_ref,
+        )
