@@ -34,7 +34,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-OPEN_PATHS = ("/login", "/static/")
+OPEN_PATHS = ("/login", "/static/", "/favicon.ico")
 ANONYMOUS = Principal("anonymous", "operator")
 
 
@@ -90,7 +90,8 @@ def _set_session_cookie(console: Console, response: Response, session_id: str) -
 async def login_page(request: Request) -> Response:
     """The sign-in form: a token, typed once, posted in the body."""
     console = console_of(request)
-    nonce = secrets.token_urlsafe(24)
+    # A second GET (another tab, a favicon redirect) keeps the nonce: an open form stays valid.
+    nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
     request.state.principal = None
     html = console.templates.get_template("login.html").render(
         csrf=login_token(console.login_secret, nonce),

@@ -56,7 +56,7 @@ def test_every_response_carries_the_security_headers(console_url: str) -> None:
             assert headers["x-content-type-options"] == "nosniff"
             assert headers["referrer-policy"] == "no-referrer"
         page = client.get("/").text
-        assert "<script src=\"/static/console.js\"" in page
+        assert '<script src="/static/console.js"' in page
         assert "<script>" not in page and " on" + "click=" not in page
 
 
