@@ -25,6 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 WHICH: tuple[Which, ...] = ("pending", "parked", "scheduled")
+COUNT_CAP = 10_000
+"""A list page counts its rows up to this many (the overview has the exact numbers)."""
 
 
 def _which(values: QueryParams | FormData) -> Which:
@@ -63,7 +65,7 @@ async def rows_page(request: Request) -> Response:
     size = console.config.page_size
     paged = RowFilter(wanted.topic, wanted.type, wanted.source, _after(query))
     rows, now = await list_rows(console.engine, which=which, limit=size, wanted=paged)
-    total = await count_rows(console.engine, which=which, wanted=wanted)
+    total = await count_rows(console.engine, which=which, wanted=wanted, at_most=COUNT_CAP)
     after = None
     if len(rows) == size:
         value, last = sort_key(which, rows[-1])
@@ -74,7 +76,7 @@ async def rows_page(request: Request) -> Response:
         which=which,
         rows=rows,
         now=now,
-        total=total,
+        total=f"{total:,}" + ("+" if total >= COUNT_CAP else ""),
         after=after,
         wanted=wanted,
         filters={k: v for k, v in _filters_of(wanted).items() if v},

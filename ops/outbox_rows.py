@@ -140,10 +140,21 @@ def sort_key(which: Which, row: OutboxRow) -> tuple[int, int]:
     return row.id, row.id
 
 
-async def count_rows(engine: AsyncEngine, *, which: Which, wanted: RowFilter | None = None) -> int:
-    """How many rows are parked, pending or scheduled (and match ``wanted``)."""
+async def count_rows(
+    engine: AsyncEngine,
+    *,
+    which: Which,
+    wanted: RowFilter | None = None,
+    at_most: int | None = None,
+) -> int:
+    """How many rows are parked, pending or scheduled (and match ``wanted``); with ``at_most``,
+    counting stops there (a page's "10,000 or more" without reading a million index entries)."""
     where, _ = _conditions(which, engine.dialect.name, wanted or RowFilter())
-    query = select(func.count()).select_from(outbox_events).where(where)
+    if at_most is None:
+        query = select(func.count()).select_from(outbox_events).where(where)
+    else:
+        matching = select(outbox_events.c.id).where(where).limit(at_most).subquery()
+        query = select(func.count()).select_from(matching)
     async with engine.connect() as connection:
         return int(await connection.scalar(query) or 0)
 

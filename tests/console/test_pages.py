@@ -123,3 +123,17 @@ def test_the_inbox_look_up_says_who_applied_an_event_or_not_seen(
         assert "<td>billing</td><td>2023-11-14 22:13:20Z</td>" in page
         page = client.get("/inbox", params={"source": "/shop", "id": "o-2"}).text
         assert "not seen by any consumer" in page
+
+
+async def test_a_capped_count_stops_at_its_cap(pg_url: str) -> None:
+    from outboxkit.ops.outbox_rows import count_rows
+    from outboxkit.outbox.db import make_async_engine
+
+    parked_rows(pg_url, {"orders": 5})
+    engine = make_async_engine(pg_url)
+    try:
+        assert await count_rows(engine, which="parked") == 5
+        assert await count_rows(engine, which="parked", at_most=3) == 3
+        assert await count_rows(engine, which="parked", at_most=10) == 5
+    finally:
+        await engine.dispose()
