@@ -91,7 +91,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, kafka: KafkaSettings, *argv: str) -
         monkeypatch.delenv(name)
     for name, value in env_of(kafka).items():
         monkeypatch.setenv(name, value)
-    return cli_process(*argv, timeout=scaled(120))
+    return cli_process(*argv, timeout=120)
 
 
 def write_widgets(url: str, topic: str, count: int) -> None:

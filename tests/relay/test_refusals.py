@@ -148,7 +148,7 @@ def test_relay_command_on_an_unmigrated_database_exits_2_with_one_line(
 ) -> None:
     with throwaway_database("outboxkit_unmigrated", migrate=False) as url:
         result = cli_process(
-            "relay", "--db-url", url, "--bootstrap", kafka_bootstrap, *mode, timeout=scaled(30)
+            "relay", "--db-url", url, "--bootstrap", kafka_bootstrap, *mode, timeout=30
         )
     assert result.code == 2, result.err
     assert result.err.strip().splitlines()[-1] == f"outboxkit: error: {MISSING}"
