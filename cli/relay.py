@@ -19,14 +19,17 @@ from outboxkit.cli.options import (
     SslCertfileOption,
     SslKeyfileOption,
     kafka_from,
+    parse_duration_ms,
     settings_from,
 )
 from outboxkit.ops.access import ping_database
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.relay import Relay, RelayOptions
-from outboxkit.relay.slot import Slot, default_slot_name, require_logical
+from outboxkit.relay.publisher import KafkaUnavailable, Publisher
+from outboxkit.relay.slot import Slot, default_slot_name, refusal, require_logical
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
@@ -77,6 +80,12 @@ def relay(
         "recreates it and publishes the unpublished rows from the table).",
     ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
+    timeout: str | None = typer.Option(
+        None,
+        "--timeout",
+        help="--drain: give up (one line, exit 2) if not drained within this duration "
+        "(500ms, 30s, 10m...) [default: no limit].",
+    ),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
     json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
     metrics_port: int | None = typer.Option(
@@ -125,32 +134,74 @@ def relay(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
+    timeout_s = None
+    if timeout is not None:
+        if not drain:
+            raise CliError("--timeout: only with --drain")
+        timeout_s = parse_duration_ms(timeout, "--timeout") / 1000
+    if drain:  # a one-off run fails fast on a misconfigured database or broker, not retrying
+        asyncio.run(ping_database(settings.db_url))
+        asyncio.run(ping_kafka(kafka, request_timeout_ms / 1000))
     if mode == "logical" or drop_slot:
         # Refused at once, in one line, rather than by a relay retrying for ever.
-        asyncio.run(logical_slot(settings.db_url, slot, drop=drop_slot))
+        asyncio.run(logical_slot(settings.db_url, slot, drop=drop_slot, drain=drain))
         if drop_slot:
             return
     relay_process = Relay(db_url=settings.db_url, kafka=kafka, options=options)
     if metrics_port is not None:
         serve_metrics(metrics_port, metrics_address, relay_process.readiness)
-    if drain:  # a one-off run fails fast on a misconfigured database instead of retrying
-        asyncio.run(ping_database(settings.db_url))
-    asyncio.run(_run(relay_process, drain))
+    asyncio.run(_run(relay_process, drain, timeout_s))
 
 
-async def logical_slot(db_url: str, name: str | None, *, drop: bool) -> None:
+async def ping_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
+    """One metadata round trip to the broker; a one-line :class:`CliError` if it fails."""
+    publisher = Publisher(
+        kafka,
+        request_timeout_s=timeout_s,
+        linger_s=0.0,
+        max_batch_bytes=1024,
+        max_request_size=1024,
+        client_id="outboxkit-relay-check",
+    )
+    try:
+        async with asyncio.timeout(timeout_s + 5):
+            await publisher.ping()
+    except (KafkaUnavailable, TimeoutError) as error:
+        raise CliError(f"kafka at {kafka.bootstrap} unreachable: {error or 'no answer'}") from None
+    finally:
+        await publisher.stop()
+
+
+async def logical_slot(
+    db_url: str, name: str | None, *, drop: bool = False, drain: bool = False
+) -> None:
     """Check that logical mode can run on ``db_url`` (a one-line error if not); with ``drop``,
-    drop the slot (refused while a relay reads it)."""
+    drop the slot (refused while a relay reads it). With ``drain``, also what the stream
+    needs now (:func:`~outboxkit.relay.slot.refusal`: a long-running relay waits for it).
+    A database that does not answer is left to the relay, which retries (as in poll mode)."""
     if db_url.startswith("sqlite"):
         raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
     engine = make_async_engine(db_url)
     try:
-        await require_logical(engine)
-        if not drop:
+        try:
+            await require_logical(engine)
+        except OSError:
+            if drop or drain:
+                raise
+            return  # down at start: the relay retries with backoff
+        except DBAPIError as error:
+            if drop or drain or not error.connection_invalidated:
+                raise
             return
         if name is None:
             async with engine.connect() as conn:
                 name = default_slot_name(str(await conn.scalar(text("SELECT current_database()"))))
+        if drain:
+            reason = await refusal(engine, name)
+            if reason is not None:
+                raise CliError(reason)
+        if not drop:
+            return
         try:
             dropped = await Slot(engine, name).drop()
         except DBAPIError as error:
@@ -162,7 +213,7 @@ async def logical_slot(db_url: str, name: str | None, *, drop: bool) -> None:
         await engine.dispose()
 
 
-async def _run(relay_process: Relay, drain: bool) -> None:
+async def _run(relay_process: Relay, drain: bool, timeout_s: float | None = None) -> None:
     """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully (exit 0).
 
     ``main()`` held both signals since the process began; a stop that came during start-up
@@ -186,7 +237,13 @@ async def _run(relay_process: Relay, drain: bool) -> None:
         if signals.requested():
             return  # stopped while starting up: nothing began, nothing to finish
         if drain:
-            await relay_process.drain(timeout_s=None)
+            try:
+                await relay_process.drain(timeout_s=timeout_s)
+            except TimeoutError:
+                raise CliError(
+                    f"relay --drain: not drained within --timeout {timeout_s:g} s "
+                    "(what is left is published by the next relay)"
+                ) from None
         else:
             await relay_process.run()
         await asyncio.gather(*stopping)

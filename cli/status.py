@@ -222,9 +222,15 @@ def render(report: StatusReport) -> list[RenderableType]:
         parts = [Text(line)]
         for slot in db.slots:
             age = slot.oldest_unconfirmed_age_s
+            if slot.wal_status == "lost":
+                stage = "INVALIDATED (wal_status lost)"
+            elif slot.catch_up_published is not None:
+                stage = f"catching up ({slot.catch_up_published} rows published)"
+            else:
+                stage = "streaming"
             parts.append(
                 Text(
-                    f"slot {slot.name}: {'active' if slot.active else 'idle'}, lag "
+                    f"slot {slot.name}: {'active' if slot.active else 'idle'}, {stage}, lag "
                     f"{slot.lag_bytes} bytes, WAL kept {slot.retained_bytes} bytes, oldest "
                     f"unconfirmed insert {_age(age) + ' old' if age is not None else 'none'}"
                 )

@@ -613,6 +613,16 @@ async def _replayed(engine: AsyncEngine, topic: str, bounds: dict[int, tuple[int
 def _slot_lines(slots: list[SlotLag], limits: Thresholds) -> list[str]:
     lines = []
     for slot in slots:
+        if slot.wal_status == "lost" and (
+            limits.max_slot_lag_bytes is not None or limits.max_slot_age_s is not None
+        ):
+            # Its lag is unbounded: it crosses any slot threshold.
+            lines.append(
+                f"replication slot {slot.name} is invalidated (wal_status lost): the relay "
+                "recreates it and publishes the table's rows; outbox WAL messages not yet "
+                "published are lost"
+            )
+            continue
         most = limits.max_slot_lag_bytes
         if most is not None and slot.lag_bytes > most:
             lines.append(

@@ -39,6 +39,10 @@ class Readiness:
         self.broker: str | None = "not checked yet"
         self.assigned: int | None = None
         self.stopping = False
+        # What the work is doing now, when worth saying (a relay catching its slot up).
+        self.stage: str | None = None
+        # Other reasons not to be ready, by name (a relay's replication stream refused).
+        self.problems: dict[str, str] = {}
         self._beat_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -49,6 +53,20 @@ class Readiness:
     def mark_broker(self, ok: bool, reason: str = "unreachable") -> None:
         """Record the outcome of the last broker round trip."""
         self.broker = None if ok else reason
+
+    def mark_stage(self, stage: str | None) -> None:
+        """Record what the work is doing now (``None``: its usual work); shown by ``/readyz``."""
+        self.stage = stage
+
+    def mark_problem(self, name: str, reason: str | None) -> None:
+        """Record why ``name`` keeps the process from being ready (``None``: it no longer
+        does)."""
+        problems = dict(self.problems)
+        if reason is None:
+            problems.pop(name, None)
+        else:
+            problems[name] = reason
+        self.problems = problems
 
     def mark_assigned(self, count: int | None) -> None:
         """Record how many shard leases or partitions are held (``None``: not in a group)."""
@@ -93,6 +111,7 @@ class Readiness:
             problems["database"] = self.database
         if self.broker is not None:
             problems["broker"] = self.broker
+        problems.update(self.problems)
         if self.assigned is None:
             problems[self.assigned_what] = "not assigned yet"
         elif self.assigned < self.min_assigned:
@@ -100,6 +119,8 @@ class Readiness:
         body: dict[str, Any] = {"status": "ready" if not problems else "not ready"}
         if self.assigned is not None:
             body[f"{self.assigned_what}_held"] = self.assigned
+        if self.stage is not None:
+            body["stage"] = self.stage
         if problems:
             body["not_ready"] = problems
         return not problems, body

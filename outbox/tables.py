@@ -98,3 +98,17 @@ outbox_shard_leases = Table(
     Column("holder", String(64), nullable=True),
     Column("expires_ms", BigInteger, nullable=False, default=0),
 )
+
+# A logical slot being caught up with the rows written before it existed (relay/catch_up.py):
+# kept until the catch-up is done, so a relay that dies midway leaves it to the next one.
+outbox_slot_catch_ups = Table(
+    "outbox_slot_catch_ups",
+    metadata,
+    Column("slot_name", String(63), primary_key=True),
+    # The highest id before the slot was created: every row the slot decodes has a higher one.
+    Column("after_id", BigInteger, nullable=False),
+    # The highest id once the slot existed: the catch-up publishes pending rows up to it.
+    Column("until_id", BigInteger, nullable=True),
+    Column("published", BigInteger, nullable=False, default=0),
+    Column("started_ms", BigInteger, nullable=False),
+)

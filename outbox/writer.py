@@ -55,7 +55,9 @@ class Outbox:
     network round trip (:mod:`outboxkit.outbox.wal_at_commit`), after the session's other
     statements; messages keep their :meth:`add` order, a rollback drops them, and a message
     that fails fails the commit. Elsewhere (``add_async``, asyncpg, inside a savepoint) the
-    message is executed at once as with ``wal_messages=True`` alone.
+    message is executed at once as with ``wal_messages=True`` alone; a savepoint sends the
+    messages kept before it as it begins, so its rollback drops only its own events. A session
+    dropped without commit or close never publishes its kept messages.
     """
 
     def __init__(
@@ -104,11 +106,9 @@ class Outbox:
         dialect_name = session.get_bind().dialect.name
         statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
         if statement is EMIT:
-            if self.emit_at_commit:
-                if wal_at_commit.can_defer(session):
-                    wal_at_commit.defer(session, values["content"])
-                    return True
-                wal_at_commit.emit_pending_now(session)  # keep add order
+            if self.emit_at_commit and wal_at_commit.can_defer(session):
+                wal_at_commit.defer(session, values["content"])
+                return True
             session.execute(statement, values)
             return True
         return session.execute(statement, values).first() is not None

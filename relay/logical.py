@@ -25,28 +25,40 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.outbox import wal_message
 from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.sharding import SHARD_COUNT, shard_for
 from outboxkit.outbox.tables import outbox_events
-from outboxkit.relay import metrics
+from outboxkit.relay import catch_up, metrics
 from outboxkit.relay.claims import PENDING, ClaimedRow, Failure, claimed_rows
-from outboxkit.relay.pgoutput import Decoder, Transaction
+from outboxkit.relay.pgoutput import Decoder, Message, Transaction
 from outboxkit.relay.publisher import KafkaUnavailable
-from outboxkit.relay.replication import SlotStream
-from outboxkit.relay.slot import PUBLICATION, Slot, default_slot_name, require_logical
+from outboxkit.relay.replication import SlotStream, StreamLost
+from outboxkit.relay.slot import (
+    PUBLICATION,
+    Slot,
+    default_slot_name,
+    lsn_text,
+    parse_lsn,
+    refusal,
+    require_logical,
+)
 from outboxkit.relay.waiting import DATABASE_ERRORS, sleep_unless, wait_any
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 if TYPE_CHECKING:
     from outboxkit.relay.runner import Relay
 
 log = logging.getLogger("outboxkit.relay")
+# A refusal that lasts (no REPLICATION attribute...) is logged this often, not per attempt.
+REFUSAL_LOG_EVERY_S = 60.0
 # pgoutput messages per outbox row in the usual transaction: Begin, Insert, Commit.
 MESSAGES_PER_ROW = 3
 # The columns of an outbox insert the stream decodes (the rest are skipped unread), in the
@@ -65,6 +77,14 @@ DECODED: dict[str, tuple[str, ...]] = {
 # Header values unique to each event: not worth keeping in the cache of encoded headers.
 _UNIQUE_HEADERS = frozenset({"ce_id", "ce_time", "traceparent", "tracestate"})
 _HEADER_CACHE_SIZE = 4096
+
+
+class SlotRefused(Exception):
+    """The database refuses what streaming the slot needs (:func:`~.slot.refusal`)."""
+
+
+class LeasesLost(Exception):
+    """Another relay took the shard leases (this one stalled past their lifetime)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +110,16 @@ class LogicalStream:
         self.stream: SlotStream | None = None
         self._drain_marker: int | None = None
         self._ready = False  # the slot exists and the rows before it were published
+        # Ids the catch-up published that the stream may decode too, until the stream passed
+        # the WAL position where the catch-up ended (relay/catch_up.py).
+        self._overlap: set[int] = set()
+        self._overlap_until = 0
+        self._streamed = False  # this relay streamed the slot before (a vanished slot: dropped)
+        # The replication session, apart from the database's health: the heartbeat's
+        # round trip may work while the stream keeps failing (a slot held, no REPLICATION).
+        self.replication = DependencyHealth("replication stream", self._mark_stream, log)
+        self._refused = 0  # attempts refused in a row (SlotRefused)
+        self._refusal_logged_at = -REFUSAL_LOG_EVERY_S
         self._next_table_claim = 0.0
         now = db_now_ms("postgresql")
         rows = outbox_events.c
@@ -105,14 +135,18 @@ class LogicalStream:
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set (or, draining, until nothing is left)."""
         relay = self.relay
-        await require_logical(relay.engine)
-        if self.slot is None:
-            name = self.options.slot_name
-            if name is None:
-                async with relay.engine.connect() as conn:
-                    database = await conn.scalar(select(func.current_database()))
-                name = default_slot_name(str(database))
-            self.slot = Slot(relay.engine, name)
+        while self.slot is None and not stop.is_set():
+            try:  # a database down at start is an outage like any other: retried
+                await require_logical(relay.engine)
+                name = self.options.slot_name
+                if name is None:
+                    async with relay.engine.connect() as conn:
+                        database = await conn.scalar(select(func.current_database()))
+                    name = default_slot_name(str(database))
+                self.slot = Slot(relay.engine, name)
+            except DATABASE_ERRORS as error:
+                attempt = relay.database.failed(error)
+                await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
         try:
             await self._loop(stop)
         finally:
@@ -145,14 +179,14 @@ class LogicalStream:
                     await sleep_unless(stop, max(0.0, next_heartbeat - time.monotonic()))
                     continue
                 if not self._ready:
-                    if await self.slot.ensure():
-                        log.info("created slot %s; publishing older rows first", self.slot.name)
-                        await self._catch_up(stop)
+                    await self._begin()
                     self._ready = True
                 if self.options.logical_reader == "stream" and self.stream is None:
                     self._open_stream()
                 relay._wake.clear()
                 worked = await self._stream(until=next_heartbeat, stop=stop)
+                if self.stream is None or self.stream.up:
+                    self.replication.succeeded()
                 if time.monotonic() >= self._next_table_claim:
                     # Due timers and retries: no commit wakes them, so they are looked for
                     # once per poll interval (and when the next timer is due), not per wake-up.
@@ -161,10 +195,36 @@ class LogicalStream:
                         self._next_table_claim = time.monotonic() + self.options.poll_interval_s
                     worked += claimed
                 relay.database.succeeded()
-            except DATABASE_ERRORS as error:
+            except StreamLost as error:
                 # Transactions taken from the stream and not confirmed come again only in a
-                # new session (from the slot's confirmed position).
+                # new session (from the slot's confirmed position). The slot may be gone
+                # (dropped, invalidated): looked at again before streaming.
                 await self._close_stream()
+                self._ready = False
+                attempt = self.replication.failed(error)
+                relay.readiness.mark_problem("replication", str(error)[:300])
+                await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
+                continue
+            except SlotRefused as error:
+                # It may come back (a slot freed, a role granted REPLICATION): retried with
+                # growing pauses, logged once a minute, named by /readyz meanwhile.
+                await self._close_stream()
+                self._refused += 1
+                relay.readiness.mark_problem("replication", str(error))
+                if time.monotonic() >= self._refusal_logged_at + REFUSAL_LOG_EVERY_S:
+                    self._refusal_logged_at = time.monotonic()
+                    log.error("logical mode cannot stream: %s; retrying", error)
+                await sleep_unless(stop, self.options.outage_backoff.delay(self._refused))
+                continue
+            except LeasesLost as error:
+                log.warning("%s; standing by", error)
+                await self._close_stream()
+                self._ready = active = False
+                next_heartbeat = 0.0
+                continue
+            except DATABASE_ERRORS as error:
+                await self._close_stream()
+                self._ready = False
                 await relay._fail_if_not_migrated(error)
                 attempt = relay.database.failed(error)
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
@@ -273,16 +333,68 @@ class LogicalStream:
             transactions, more = self.stream.take(self.options.batch_size)
             if not transactions:
                 return None
-            rows = _rows(transactions, self._headers)
+            rows = await self._decoded(transactions)
             return _Batch(rows, transactions[-1].end_lsn, 0, more)
         wanted = self.options.batch_size * MESSAGES_PER_ROW
         messages = await self.slot.peek(wanted, skip=skip)
         transactions = self.decoder.transactions(messages)
         if not transactions:
             return None
-        rows = _rows(transactions, self._headers)
+        rows = await self._decoded(transactions)
         counted = sum(1 for message in messages if message[:1] != b"R")
         return _Batch(rows, transactions[-1].end_lsn, counted, counted >= wanted)
+
+    async def _decoded(self, transactions: list[Transaction]) -> list[ClaimedRow]:
+        """The rows to publish from ``transactions``; outbox WAL messages that cannot be
+        read are parked in the table (and not published)."""
+        unreadable: list[tuple[Message, str]] = []
+        rows = _rows(transactions, self._headers, unreadable)
+        if unreadable:
+            await self._park_unreadable(unreadable)
+        if self._overlap:
+            rows = self._skip_caught_up(rows, transactions[-1].end_lsn)
+        return rows
+
+    async def _park_unreadable(self, unreadable: list[tuple[Message, str]]) -> None:
+        """Park outbox WAL messages that cannot be decoded as rows of the table: a parked
+        row per message (``source`` :data:`UNREADABLE_SOURCE`, ``event_id`` the message's
+        LSN, the content as payload, the reason as ``last_error``), visible in ``status``
+        and ``outbox list --parked``; the stream goes on past them. Logged once: a message
+        read again (after a lost stream) finds its row there."""
+        now = db_now_ms("postgresql")
+        async with self.relay.engine.begin() as conn:
+            for message, reason in unreadable:
+                event_id = f"wal-message-{lsn_text(message.lsn)}"
+                statement = (
+                    insert(outbox_events)
+                    .values(
+                        source=UNREADABLE_SOURCE,
+                        event_id=event_id,
+                        type="outboxkit.unreadable",
+                        topic="",
+                        kafka_key=None,
+                        shard=shard_for(None, event_id),
+                        headers="{}",
+                        payload=message.content,
+                        created_ms=now,
+                        available_ms=now,
+                        attempts=0,
+                        last_error=reason[:2000],
+                        parked_ms=now,
+                    )
+                    .on_conflict_do_nothing(index_elements=["source", "event_id"])
+                    .returning(outbox_events.c.id)
+                )
+                parked = await conn.scalar(statement)
+                if parked is not None:
+                    metrics.PARKED_NOW.inc()
+                    log.error(
+                        "outbox WAL message at %s cannot be read (%s): parked as row %s, "
+                        "not published",
+                        lsn_text(message.lsn),
+                        reason,
+                        parked,
+                    )
 
     async def _confirm(self, end_lsn: int, published: list[int]) -> int:
         assert self.slot is not None
@@ -380,23 +492,116 @@ class LogicalStream:
             await self._publish_claimed(rows)
         return len(rows)
 
-    async def _catch_up(self, stop: asyncio.Event) -> None:
-        """Publish the rows written before the slot existed, with the polling claim.
+    async def _begin(self) -> None:
+        """Make sure the slot exists and every row written before it was published: create
+        it (again) if it does not exist or was invalidated, then catch up from the table
+        (relay/catch_up.py), also a catch-up a relay left unfinished."""
+        assert self.slot is not None
+        relay, name = self.relay, self.slot.name
+        reason = await refusal(relay.engine, name)
+        if reason is not None:
+            raise SlotRefused(reason)
+        relay.readiness.mark_problem("replication", None)
+        self._refused = 0
+        state = await catch_up.load(relay.engine, name)
+        wal_status = await self.slot.inspect()
+        if wal_status == "lost":
+            log.error(
+                "slot %s was invalidated (wal_status lost: it kept more WAL than "
+                "max_slot_wal_keep_size); dropping it, recreating it and publishing the rows "
+                "left in the table (outbox WAL messages not yet published are lost)",
+                name,
+            )
+            await self.slot.drop()
+            wal_status = None
+        if wal_status is None:
+            if state is None and self._streamed:
+                log.error(
+                    "slot %s is gone (dropped while this relay used it); recreating it and "
+                    "publishing the rows left in the table (outbox WAL messages not yet "
+                    "published are lost)",
+                    name,
+                )
+            after = await catch_up.highest_id(relay.engine)
+            await catch_up.intend(relay.engine, name, after)
+            await self.slot.create()
+            log.info("created slot %s; publishing the rows already in the table first", name)
+            state = catch_up.CatchUpState(after, None, 0)
+        if state is not None:
+            until = state.until_id
+            if until is None:
+                until = await catch_up.bound(relay.engine, name)
+            relay.readiness.mark_stage("catching up")
+            runner = catch_up.CatchUp(
+                relay.engine,
+                name,
+                self.options.batch_size,
+                self._publish_caught_up,
+                self._keep_leases,
+                self.options.lease_ttl_s / 3,
+                self._catch_up_progress,
+                self._overlap,
+            )
+            await runner.run(state, until)
+            async with relay.engine.connect() as conn:
+                self._overlap_until = parse_lsn(
+                    str(await conn.scalar(text("SELECT pg_current_wal_lsn()::text")))
+                )
+        async with relay.engine.connect() as conn:
+            confirmed = await conn.scalar(
+                text(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                    "WHERE slot_name = :slot"
+                ),
+                {"slot": name},
+            )
+        log.info("slot %s: streaming from %s", name, confirmed)
+        relay.readiness.mark_stage(None)
+        self._streamed = True
 
-        Only rows up to the highest id seen once the slot exists: rows written later are in
-        the slot. A row with a lower id committed after the slot was made is published twice
-        (a duplicate, never a loss).
-        """
-        async with self.relay.engine.connect() as conn:
-            highest = await conn.scalar(select(func.max(outbox_events.c.id)))
-        if highest is None:
-            return
-        while not stop.is_set():
-            claimed = await self.relay.claims.claim(self.options.batch_size)
-            rows = [row for row in claimed if row.id <= highest]
-            if not rows:
-                return
-            await self._publish_claimed(rows)
+    async def _publish_caught_up(self, rows: list[ClaimedRow]) -> list[int]:
+        relay = self.relay
+        await relay.publisher.start()
+        outcome = await relay.publisher.publish(rows)
+        await relay._settle(outcome, delete_published=True)
+        if outcome.outage is not None:
+            await relay.publisher.reset()
+            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+        relay.kafka.succeeded()
+        return [row.id for row in outcome.published]
+
+    async def _keep_leases(self) -> None:
+        relay = self.relay
+        owned = await relay.leases.heartbeat()
+        relay.readiness.mark_assigned(len(owned))
+        relay.database.succeeded()
+        if len(owned) != SHARD_COUNT:
+            raise LeasesLost(f"relay {relay.relay_id} lost the leases of slot {self.slot_name}")
+
+    @property
+    def refused_attempts(self) -> int:
+        """Attempts refused in a row (:func:`~outboxkit.relay.slot.refusal`)."""
+        return self._refused
+
+    @property
+    def slot_name(self) -> str:
+        """The slot's name (once :meth:`run` has resolved it)."""
+        return "?" if self.slot is None else self.slot.name
+
+    def _catch_up_progress(self, published: int, total: int) -> None:
+        self.relay.readiness.mark_stage(f"catching up: {published} of {total} rows published")
+
+    def _mark_stream(self, ok: bool, reason: str) -> None:
+        if ok:
+            self.relay.readiness.mark_problem("replication", None)
+
+    def _skip_caught_up(self, rows: list[ClaimedRow], end_lsn: int) -> list[ClaimedRow]:
+        """``rows`` less those the catch-up published already (relay/catch_up.py)."""
+        overlap = self._overlap
+        rows = [row for row in rows if row.id not in overlap]
+        if end_lsn >= self._overlap_until:
+            overlap.clear()
+        return rows
 
     async def _publish_claimed(self, rows: list[ClaimedRow]) -> None:
         relay = self.relay
@@ -408,6 +613,10 @@ class LogicalStream:
             raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
 
 
+UNREADABLE_SOURCE = "outboxkit:unreadable-wal-message"
+"""The ``source`` of the parked rows standing for outbox WAL messages the relay cannot read."""
+
+
 @dataclass(slots=True)
 class MessageRow(ClaimedRow):
     """An event decoded from a WAL message: its id is minus the message's LSN (it has no
@@ -417,11 +626,14 @@ class MessageRow(ClaimedRow):
 
 
 def _rows(
-    transactions: list[Transaction], header_cache: dict[tuple[str, str], tuple[str, bytes]]
+    transactions: list[Transaction],
+    header_cache: dict[tuple[str, str], tuple[str, bytes]],
+    unreadable: list[tuple[Message, str]],
 ) -> list[ClaimedRow]:
     """The rows to publish from the stream, in WAL order: unscheduled outbox inserts
     (scheduled ones and rows handed to the table are the table claim's) and the outbox's WAL
-    messages, with their headers parsed in one go.
+    messages, with their headers parsed in one go. An outbox WAL message that cannot be read
+    (another version, a malformed content) goes to ``unreadable`` with the reason instead.
 
     Runs once per streamed event: no dictionary per row, and the header pairs that repeat
     from event to event (source, type, content type...) are encoded once and shared through
@@ -434,11 +646,20 @@ def _rows(
                 if change[5] is None and change[6] is None:  # not scheduled, not handed over
                     wanted.append(change)
             elif change.prefix == wal_message.PREFIX:
-                _, _, _, topic, key, headers, payload = wal_message.unpack(change.content)
+                try:
+                    _, _, _, topic, key, headers, payload = wal_message.unpack(change.content)
+                except (ValueError, struct.error) as error:  # UnicodeDecodeError is one
+                    unreadable.append((change, f"{type(error).__name__}: {error}"))
+                    continue
                 wanted.append((-change.lsn, topic, key, headers, payload, change.content))
     if not wanted:
         return []
-    all_headers = json.loads("[" + ",".join(values[3] for values in wanted) + "]")
+    try:
+        all_headers = json.loads("[" + ",".join(values[3] for values in wanted) + "]")
+        if not all(_valid_headers(headers) for headers in all_headers):
+            raise ValueError("headers are not an object of strings")
+    except ValueError:  # rare: find the message with bad headers (rows are written by us)
+        wanted, all_headers = _readable_headers(wanted, unreadable)
     rows: list[ClaimedRow] = []
     append = rows.append
     cache_get = header_cache.get
@@ -460,3 +681,29 @@ def _rows(
         else:
             append(ClaimedRow(row_id, values[1], values[2], pairs, values[4], 0))
     return rows
+
+
+def _valid_headers(headers: object) -> bool:
+    return isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
+
+
+def _readable_headers(
+    wanted: list[tuple[Any, ...]], unreadable: list[tuple[Message, str]]
+) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """``wanted`` less the WAL messages whose headers are no JSON object of strings (sent
+    to ``unreadable``), and the parsed headers of the rest."""
+    kept: list[tuple[Any, ...]] = []
+    parsed: list[Any] = []
+    for values in wanted:
+        try:
+            headers = json.loads(values[3])
+        except ValueError as error:
+            headers, reason = None, f"headers: {type(error).__name__}: {error}"
+        else:
+            reason = "headers: not a JSON object of strings"
+        if _valid_headers(headers) or values[0] > 0:  # a row's headers: written by the outbox
+            kept.append(values)
+            parsed.append(headers)
+        else:
+            unreadable.append((Message(-values[0], wal_message.PREFIX, values[5]), reason))
+    return kept, parsed

@@ -72,6 +72,7 @@ class SlotStream:
         self._confirmed = 0  # written by the loop, sent by the thread
         self._handed = 0  # end LSN of the last transaction queued
         self._received = 0  # LSN of the last marker message received
+        self.up = False  # the server accepted START_REPLICATION
         self._wake_read, self._wake_write = os.pipe()
         self._loop_call: Callable[[Callable[[], None]], Any] | None = None
         self._thread: threading.Thread | None = None
@@ -157,6 +158,7 @@ class SlotStream:
                     "messages": "true",
                 },
             )
+            self.up = True
             log.debug("streaming slot %s", self._slot)
             self._stream(connection, cursor)
         except BaseException as error:  # handed to the loop: take() raises it

@@ -110,6 +110,7 @@ class Relay:
         self._settling = _SettleInFlight()
         self._task: asyncio.Task[None] | None = None
         self._not_migrated = False
+        self.logical: LogicalStream | None = None  # the work loop, in logical mode
 
     @property
     def running(self) -> bool:
@@ -187,7 +188,8 @@ class Relay:
         log.info("relay %s started (%s mode)", self.relay_id, self.options.mode)
         try:
             if self.options.mode == "logical":
-                await LogicalStream(self).run(self._stopping)
+                self.logical = LogicalStream(self)
+                await self.logical.run(self._stopping)
             else:
                 await self._loop(self._stopping)
         finally:

@@ -11,7 +11,10 @@ or with ``pg_replication_slot_advance``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +45,10 @@ _ADVANCE = text("SELECT pg_replication_slot_advance(:slot, :lsn)")
 _DELETE = text("DELETE FROM outbox_events WHERE id = ANY(:ids)").bindparams(
     bindparam("ids", type_=ARRAY(BigInteger))
 )
+# How long a DELETE of published rows is repeated for rows it did not find (their commit not
+# yet visible); far longer than that takes on a loaded server.
+VISIBLE_WITHIN_S = 5.0
+log = logging.getLogger("outboxkit.relay")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -97,17 +104,61 @@ async def require_logical(engine: AsyncEngine) -> None:
         )
 
 
+_REFUSAL = text(
+    "SELECT r.rolreplication OR r.rolsuper AS replication, current_user AS role, "
+    "has_table_privilege('outbox_events', 'SELECT, INSERT, UPDATE, DELETE') AS table_ok, "
+    "(SELECT count(*) FROM pg_replication_slots) AS slots, "
+    "(SELECT count(*) FROM pg_replication_slots WHERE slot_name = :slot) AS mine, "
+    "current_setting('max_replication_slots')::int AS max_slots, "
+    "(SELECT count(*) FROM pg_stat_replication) AS senders, "
+    "(SELECT count(*) FROM pg_replication_slots WHERE slot_name = :slot AND active) AS busy, "
+    "current_setting('max_wal_senders')::int AS max_senders "
+    "FROM pg_roles AS r WHERE r.rolname = current_user"
+)
+
+
+async def refusal(engine: AsyncEngine, slot: str) -> str | None:
+    """Why this role cannot stream ``slot`` now (one line, naming what to change), or
+    ``None``: no REPLICATION attribute, no privileges on ``outbox_events``, every
+    ``max_replication_slots`` taken (the slot still to create), or every ``max_wal_senders``
+    busy. The last two may come back; a relay waits for them, ``relay --drain`` stops."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(_REFUSAL, {"slot": slot})).one()
+    if not row.replication:
+        return (
+            f"role {row.role} has no REPLICATION attribute, needed to stream slot {slot} "
+            f"(ALTER ROLE {row.role} REPLICATION, or --mode poll)"
+        )
+    if not row.table_ok:
+        return (
+            f"role {row.role} lacks SELECT, INSERT, UPDATE or DELETE on outbox_events "
+            "(GRANT them, or use the role that ran `outboxkit migrate`)"
+        )
+    if not row.mine and row.slots >= row.max_slots:
+        return (
+            f"all {row.max_slots} replication slots are in use (max_replication_slots): "
+            f"slot {slot} cannot be created"
+        )
+    if not row.busy and row.senders >= row.max_senders:
+        return f"all {row.max_senders} WAL senders are busy (max_wal_senders)"
+    return None
+
+
 @dataclass(frozen=True)
 class SlotLag:
     """A logical slot of this database: how far its confirmed position trails the WAL, how
     much WAL it keeps, and the age of the oldest outbox insert not yet confirmed (the oldest
-    unpublished, unscheduled row: logical mode deletes rows as it confirms them)."""
+    unpublished, unscheduled row: logical mode deletes rows as it confirms them); its
+    ``wal_status`` (``lost``: invalidated, the relay recreates it) and, while a relay catches
+    it up with the rows written before it, how many of those it published."""
 
     name: str
     active: bool
     lag_bytes: int
     retained_bytes: int
     oldest_unconfirmed_age_s: float | None
+    wal_status: str = "reserved"
+    catch_up_published: int | None = None
 
 
 class Slot:
@@ -119,6 +170,7 @@ class Slot:
         # The replication session reading the slot, if the stream reader is used: it holds
         # the slot, so confirming is its flush feedback (the slot cannot be advanced by SQL).
         self.stream: SlotStream | None = None
+        self.late_deletes = 0  # confirmations whose DELETE first missed rows (not yet visible)
 
     async def ensure(self) -> bool:
         """Create the slot if it does not exist; return ``True`` if it was created now.
@@ -126,30 +178,43 @@ class Slot:
         A slot of that name on another database or with another plugin is refused
         (:class:`LogicalModeError`): it is not this relay's.
         """
+        if await self.inspect() is not None:
+            return False
+        await self.create()
+        return True
+
+    async def inspect(self) -> str | None:
+        """The slot's ``wal_status`` (``reserved``, ``extended``, ``unreserved``, ``lost``:
+        invalidated), or ``None`` if it does not exist. A slot of that name on another
+        database or with another plugin is refused (:class:`LogicalModeError`)."""
         async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             found = (
                 await conn.execute(
                     text(
-                        "SELECT database, plugin, slot_type FROM pg_replication_slots "
+                        "SELECT database, plugin, coalesce(wal_status, 'reserved') AS wal_status, "
+                        "current_database() AS current FROM pg_replication_slots "
                         "WHERE slot_name = :slot"
                     ),
                     {"slot": self.name},
                 )
             ).first()
-            if found is not None:
-                database = await conn.scalar(text("SELECT current_database()"))
-                if (found.database, found.plugin) != (database, PLUGIN):
-                    raise LogicalModeError(
-                        f"replication slot {self.name} belongs to database {found.database} "
-                        f"(plugin {found.plugin}): give this relay another --slot"
-                    )
-                return False
+        if found is None:
+            return None
+        if (found.database, found.plugin) != (found.current, PLUGIN):
+            raise LogicalModeError(
+                f"replication slot {self.name} belongs to database {found.database} "
+                f"(plugin {found.plugin}): give this relay another --slot"
+            )
+        return str(found.wal_status)
+
+    async def create(self) -> None:
+        """Create the slot (it must not exist)."""
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             await conn.execute(
                 text("SELECT pg_create_logical_replication_slot(:slot, :plugin)"),
                 {"slot": self.name, "plugin": PLUGIN},
             )
-            return True
 
     async def peek(self, changes: int, skip: int = 0) -> list[bytes]:
         """The pgoutput messages after the confirmed position, less the first ``skip`` (not
@@ -177,12 +242,20 @@ class Slot:
         rows are decoded from the WAL and published again (duplicates, never a loss), and no
         published row is ever left pending behind the slot's position. A slot already past
         ``lsn`` (another relay confirmed further after a takeover) is left as it is.
+
+        The server sends a transaction once its commit record is in the WAL, a moment before
+        other sessions see the commit: a DELETE in that moment finds fewer rows than it was
+        given. It is repeated (with growing pauses, for up to :data:`VISIBLE_WITHIN_S`) until
+        it has deleted them all, and the slot waits meanwhile; rows still missing then were
+        deleted by someone else (or by this relay, before a crash or a lost stream).
         """
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             rows = [row_id for row_id in published_ids if row_id > 0]  # not WAL messages
             if rows:
-                await conn.execute(_DELETE, {"ids": rows})
+                missing = len(rows) - (await conn.execute(_DELETE, {"ids": rows})).rowcount
+                if missing > 0:
+                    await self._delete_when_visible(conn, rows, missing)
             if self.stream is not None:
                 self.stream.confirm(lsn)
                 return
@@ -191,6 +264,24 @@ class Slot:
             except DBAPIError as error:
                 if "cannot advance replication slot" not in str(error.orig):
                     raise
+
+    async def _delete_when_visible(
+        self, conn: AsyncConnection, rows: list[int], missing: int
+    ) -> None:
+        self.late_deletes += 1
+        deadline = time.monotonic() + VISIBLE_WITHIN_S
+        pause = 0.001
+        while missing > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(0.1, pause * 2)
+            missing -= (await conn.execute(_DELETE, {"ids": rows})).rowcount
+        if missing > 0:
+            log.info(
+                "%d of %d published rows were no longer in the table (deleted before: a "
+                "transaction read again after a lost stream or a crash)",
+                missing,
+                len(rows),
+            )
 
     async def marker(self) -> int:
         """Write a non-transactional marker message; return its LSN."""
@@ -217,14 +308,16 @@ async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
     if conn.dialect.name != "postgresql":
         return []
     query = text(
-        "SELECT slot_name, active, "
+        "SELECT s.slot_name, active, coalesce(wal_status, 'reserved') AS wal_status, "
+        "c.published AS catch_up_published, "
         "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint AS lag, "
         "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint AS retained, "
         "(SELECT extract(epoch FROM clock_timestamp()) * 1000 - min(created_ms) "
         " FROM outbox_events WHERE published_ms IS NULL AND parked_ms IS NULL "
         " AND deliver_at_ms IS NULL) AS age_ms "
-        "FROM pg_replication_slots WHERE slot_type = 'logical' "
-        "AND database = current_database() ORDER BY slot_name"
+        "FROM pg_replication_slots AS s "
+        "LEFT JOIN outbox_slot_catch_ups AS c ON c.slot_name = s.slot_name "
+        "WHERE slot_type = 'logical' AND database = current_database() ORDER BY s.slot_name"
     )
     return [
         SlotLag(
@@ -233,6 +326,8 @@ async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
             int(row.lag),
             int(row.retained),
             None if row.age_ms is None else max(0.0, float(row.age_ms)) / 1000,
+            str(row.wal_status),
+            None if row.catch_up_published is None else int(row.catch_up_published),
         )
         for row in await conn.execute(query)
     ]

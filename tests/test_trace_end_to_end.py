@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from tests.support.consumers import FAST_RETRY, alive, binary_record, produce, running
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 MARKER = "MARKER-5e1f-never-in-a-span"
 RELAY_OPTIONS = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=3600)
@@ -68,7 +69,7 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
     engine.dispose()
     await Relay(
         db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=RELAY_OPTIONS
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
 
     app = ConsumerApp(name="billing", retention_interval_s=None)
@@ -84,7 +85,7 @@ async def test_one_trace_from_the_writer_through_the_relay_to_the_handler_and_on
         await wait_for(lambda: alive(task) or runtime.stats.applied, bool, 60, "order applied")
     await Relay(
         db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=RELAY_OPTIONS
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
 
     origin = producer_span.get_span_context()
     publishes = {s.attributes["cloudevents.event_type"]: s for s in named(spans, "outbox publish")}

@@ -12,6 +12,7 @@ from examples.refund_agent.agent import Ticket
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support.actions import RefundSteps, audit_of, begin, event_types, in_tx, sessions_for
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 T = "acme"
 REQUEST = {"tenant": T, "key": "op-1", "action_type": "refund", "params": {"amount": 5}}
@@ -54,7 +55,7 @@ async def test_two_concurrent_requests_with_one_key_make_one_refund(pg_url: str)
             )
             assert probe.kind is DecisionKind.IN_PROGRESS
             hold.release()
-            outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            outcomes = await asyncio.wait_for(asyncio.gather(*tasks), scaled(30))
         assert provider.refund_count() == 1
         assert provider.in_flight_rejections == 0 and provider.replays == 0
     assert sorted(o.executed for o in outcomes) == [False, True]

@@ -23,6 +23,7 @@ from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support.actions import RefundSteps, sessions_for
 from tests.support.consumers import alive, running
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
 
@@ -43,7 +44,7 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
             assert (
                 await Relay(
                     db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
-                ).drain(timeout_s=60)
+                ).drain(timeout_s=scaled(60))
                 == 4
             )
 
@@ -52,7 +53,7 @@ async def test_lost_reply_story_arrives_in_kafka_in_order_without_duplicates(
             assert (
                 await Relay(
                     db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
-                ).drain(timeout_s=60)
+                ).drain(timeout_s=scaled(60))
                 == 0
             )
         assert provider.refund_count() == 1

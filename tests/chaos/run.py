@@ -1,17 +1,24 @@
 """The fault-injection run: producers, two relays, three consumers, and faults all along.
 
 While N events are written by three producer processes (some transactions rolled back on
-purpose), relays and consumers are killed with SIGKILL at random moments and restarted, the
-Kafka broker is restarted once and every database connection is cut once. At the end every
-committed event must have been applied exactly once, in outbox order per key, and nothing from a
-rolled-back transaction may appear anywhere. A seed makes the schedule repeatable.
+purpose, some steps in savepoints rolled back, some sessions abandoned), relays and consumers
+are killed with SIGKILL at random moments and restarted, the Kafka broker is restarted, every
+database connection is cut, and in logical mode the replication slot may be dropped. At the
+end every committed event must have been applied exactly once, in outbox order per key,
+nothing from a rolled-back transaction or savepoint may appear anywhere, and the outbox table
+must hold no unpublished row. A seed makes the schedule repeatable.
+
+Three variants: ``--mode poll``; ``--mode logical`` (two relays on one slot, one a standby)
+with the events as rows; ``--mode logical --wal-messages`` with the events as WAL messages sent
+with the COMMIT (``Outbox(wal_messages=True, emit_at_commit=True)``).
 
 Poison records (:mod:`tests.chaos.poison`) go in after every 1,000 committed events and must all
 be dead-lettered, and one handler call hangs once (:mod:`tests.chaos.app`) until the handler
 timeout frees it. A process is sent SIGTERM only once it logged its started line (its signal
 handlers are in place from then on), and must exit 0.
 
-    python -m tests.chaos.run --events 200000 --seed 7
+    python -m tests.chaos.run --events 200000 --mode logical --wal-messages \
+        --relay-kills 50 --consumer-kills 50 --broker-restarts 2 --database-cuts 2 --slot-drops 1
 """
 
 from __future__ import annotations
@@ -33,26 +40,20 @@ from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import KafkaBroker, create_topic
 from outboxkit.testing.postgres import throwaway_database
 from outboxkit.testing.processes import kill, start_cli, terminate
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    func,
-    select,
-    text,
-)
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from tests.chaos.app import chaos_effects, chaos_metadata
+from tests.chaos.ledger import LEDGER_TRIGGER, chaos_ledger
 from tests.chaos.poison import EVERY, POISON_HEADER, send_poison
 from tests.support.kafka import read_topic
+from tests.support.waits import scaled
 
 PARTITIONS = 6
 STARTED = re.compile(r"\b(relay|consumer) \S+ started\b")
 PRODUCERS = 3
+FLEET = ("relay-1", "relay-2", "consumer-1", "consumer-2", "consumer-3")
 KEYS_PER_PRODUCER = 40
 
 
@@ -61,12 +62,18 @@ class Summary:
     """What a run did and found."""
 
     seed: int
+    variant: str = "poll"
     committed_events: int = 0
     rolled_back_events: int = 0
     relay_kills: int = 0
     consumer_kills: int = 0
     broker_restarts: int = 0
     database_cuts: int = 0
+    slot_drops: int = 0
+    lost_events: int = 0
+    duplicate_effects: int = 0
+    keys_out_of_order: int = 0
+    outbox_rows_left: int = 0
     kafka_records: int = 0
     kafka_duplicates: int = 0
     duplicates_skipped_by_stopping_consumers: int = 0
@@ -78,6 +85,17 @@ class Summary:
     seconds_total: float = 0.0
     seconds_to_drain_after_last_fault: float = 0.0
     problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """How many faults of each kind a run injects, at least (kills go on while producing)."""
+
+    relay_kills: int = 10
+    consumer_kills: int = 10
+    broker_restarts: int = 1
+    database_cuts: int = 1
+    slot_drops: int = 0
 
 
 class Fleet:
@@ -116,17 +134,23 @@ class Fleet:
     def wait_started(self, slot: str, timeout: float = 60.0) -> None:
         """Wait until the current process of ``slot`` logged its started line (or exited)."""
         log = self.logs / f"{slot}.{self.starts[slot]}.log"
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline and self.processes[slot].poll() is None:
             if log.exists() and STARTED.search(log.read_text(errors="replace")):
                 return
             time.sleep(0.1)
 
+    def kill_all(self) -> None:
+        """SIGKILL whatever is still running (a run that ends early leaves nothing behind)."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                kill(process)
+
     def stop_all(self) -> dict[str, int]:
         """SIGTERM everything still running, each once it has started; return the exit codes."""
         for slot in self.processes:
             self.wait_started(slot)
-        return {slot: terminate(process, 60) for slot, process in self.processes.items()}
+        return {slot: terminate(process, scaled(60)) for slot, process in self.processes.items()}
 
 
 def _count(db_url: str, statement) -> int:
@@ -137,25 +161,8 @@ def _count(db_url: str, statement) -> int:
     return value
 
 
-# Where committed events are counted: the outbox itself (the polling relay retains published
-# rows), or in logical mode (which deletes them once published) a ledger the outbox's insert
-# trigger fills in the producer's transaction.
-chaos_ledger = Table(
-    "chaos_ledger",
-    MetaData(),
-    Column("id", BigInteger, primary_key=True, autoincrement=False),
-    Column("event_id", String(256), nullable=False),
-    Column("kafka_key", LargeBinary),
-)
-LEDGER_TRIGGER = """
-CREATE FUNCTION chaos_ledger_copy() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO chaos_ledger (id, event_id, kafka_key) VALUES (NEW.id, NEW.event_id, NEW.kafka_key);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER chaos_ledger_copy AFTER INSERT ON outbox_events
-FOR EACH ROW EXECUTE FUNCTION chaos_ledger_copy();
-"""
+# Where committed events are counted (tests.chaos.ledger): the outbox itself in poll mode,
+# the ledger in logical mode.
 committed_rows: Table = outbox_events
 
 
@@ -185,7 +192,9 @@ def cut_database_connections(db_url: str) -> int:
     return cut
 
 
-def start_producers(db_url: str, topic: str, events: int, seed: int, workdir: Path) -> list:
+def start_producers(
+    db_url: str, topic: str, events: int, seed: int, workdir: Path, wal_messages: bool = False
+) -> list:
     """Start the producer processes, each with its own keys; return them."""
     producers = []
     per_producer = events // PRODUCERS
@@ -196,6 +205,9 @@ def start_producers(db_url: str, topic: str, events: int, seed: int, workdir: Pa
         command += ["--topic", topic, "--keys", f"{first}:{first + KEYS_PER_PRODUCER}"]
         command += ["--events", str(count), "--seed", str(seed * 100 + index)]
         command += ["--rolled-back-file", str(workdir / "rolled-back.txt")]
+        command += ["--pause-file", str(workdir / "pause")]
+        if wal_messages:
+            command.append("--wal-messages")
         log = open(workdir / f"producer-{index}.log", "ab")  # noqa: SIM115 - child writes it
         producers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
         log.close()
@@ -205,19 +217,26 @@ def start_producers(db_url: str, topic: str, events: int, seed: int, workdir: Pa
 def run_chaos(
     events: int,
     seed: int,
-    kills_each: int = 10,
+    faults: Faults = Faults(),
     workdir: Path | None = None,
     drain_timeout: float = 600.0,
     mode: str = "poll",
+    wal_messages: bool = False,
 ) -> Summary:
     """Run the whole scenario and return its summary (``problems`` empty when all held).
 
-    ``mode``: the relays' ``--mode`` (``logical``: two relays on one slot, one a standby).
+    ``mode``: the relays' ``--mode`` (``logical``: two relays on one slot, one a standby);
+    ``wal_messages`` (logical mode): the producers write WAL messages sent with the COMMIT.
+    ``drain_timeout`` is a quiet machine's figure (:func:`~tests.support.waits.scaled`).
     """
     global committed_rows
+    if wal_messages and mode != "logical":
+        raise ValueError("WAL messages need the logical mode")
+    if faults.slot_drops and mode != "logical":
+        raise ValueError("slot drops need the logical mode")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="outboxkit-chaos-"))
     rng = random.Random(seed)
-    summary = Summary(seed=seed)
+    summary = Summary(seed=seed, variant=mode + (" + WAL messages" if wal_messages else ""))
     started = time.monotonic()
     topic = f"chaos-{seed}-{rng.randrange(16**6):06x}"
     broker = KafkaBroker()
@@ -229,25 +248,41 @@ def run_chaos(
             committed_rows = outbox_events
             if mode == "logical":
                 chaos_ledger.create(engine)
-                with engine.begin() as conn:
-                    conn.exec_driver_sql(LEDGER_TRIGGER)
+                if not wal_messages:
+                    with engine.begin() as conn:
+                        conn.exec_driver_sql(LEDGER_TRIGGER)
                 committed_rows = chaos_ledger
             engine.dispose()
             asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
             fleet = Fleet(db_url, broker.bootstrap, topic, workdir, mode)
-            for slot in ("relay-1", "relay-2", "consumer-1", "consumer-2", "consumer-3"):
-                fleet.start(slot)
-            producers = start_producers(db_url, topic, events, seed, workdir)
-            last_fault = _inject_faults(fleet, broker, producers, db_url, rng, kills_each, summary)
-            _wait_for_effects(db_url, drain_timeout, summary)
-            _wait_for_poison(broker.bootstrap, topic, drain_timeout, summary)
-            summary.seconds_to_drain_after_last_fault = time.monotonic() - last_fault
-            codes = fleet.stop_all()
-            bad_exits = {slot: code for slot, code in codes.items() if code != 0}
-            if bad_exits:
-                summary.problems.append(f"processes did not exit 0 on SIGTERM: {bad_exits}")
-            if any(p.wait() != 0 for p in producers):
-                summary.problems.append("a producer failed")
+            producers: list[subprocess.Popen] = []
+            try:
+                for slot in FLEET:
+                    fleet.start(slot)
+                for slot in FLEET:
+                    fleet.wait_started(slot, 120)
+                if mode == "logical" and not _wait_for_slot(db_url, scaled(60)):
+                    # A WAL message committed before the slot exists is in no slot: none is
+                    # lost only if the producers start once it exists.
+                    summary.problems.append("the relays created no replication slot")
+                producers = start_producers(db_url, topic, events, seed, workdir, wal_messages)
+                run = _Run(fleet, broker, producers, db_url, rng, summary, workdir, wal_messages)
+                last_fault = run.inject(faults)
+                _wait_for_effects(db_url, scaled(drain_timeout), summary)
+                _wait_for_poison(broker.bootstrap, topic, scaled(drain_timeout), summary)
+                _wait_for_empty_outbox(db_url, mode, scaled(60), summary)
+                summary.seconds_to_drain_after_last_fault = time.monotonic() - last_fault
+                codes = fleet.stop_all()
+                bad_exits = {slot: code for slot, code in codes.items() if code != 0}
+                if bad_exits:
+                    summary.problems.append(f"processes did not exit 0 on SIGTERM: {bad_exits}")
+                if any(p.wait() != 0 for p in producers):
+                    summary.problems.append("a producer failed")
+            finally:
+                fleet.kill_all()
+                for producer in producers:
+                    if producer.poll() is None:
+                        kill(producer)
             _check(db_url, broker.bootstrap, topic, workdir, summary)
     finally:
         broker.close()
@@ -255,43 +290,169 @@ def run_chaos(
     return summary
 
 
-def _inject_faults(fleet, broker, producers, db_url, rng, kills_each, summary) -> float:
-    """Kill and restart at random moments until every quota is met and the producers are done."""
-    slots = {
-        "relay": ["relay-1", "relay-2"],
-        "consumer": ["consumer-1", "consumer-2", "consumer-3"],
-    }
-    kills = {"relay": 0, "consumer": 0}
-    broker_done = cut_done = False
-    last_fault = time.monotonic()
-    while True:
-        producing = any(p.poll() is None for p in producers)
-        quotas_met = min(kills.values()) >= kills_each and broker_done and cut_done
-        if quotas_met and not producing:
-            _add_poison(fleet, committed_count(db_url), summary)
-            return last_fault
-        time.sleep(rng.uniform(0.5, 2.0))
-        progress = committed_count(db_url)
-        _add_poison(fleet, progress, summary)
-        if not broker_done and progress > 0 and kills["relay"] >= kills_each // 2:
-            broker.stop()
-            time.sleep(rng.uniform(1.0, 3.0))
-            broker.start()
-            broker_done, summary.broker_restarts = True, 1
-        elif not cut_done and broker_done:
-            cut_done = cut_database_connections(db_url) > 0
-            summary.database_cuts = int(cut_done)
-        else:
-            kind = min(kills, key=lambda k: (kills[k], rng.random()))
-            if kills[kind] >= kills_each:
-                kind = rng.choice(list(kills))
-            slot = rng.choice(slots[kind])
-            fleet.kill(slot)
-            kills[kind] += 1
-            time.sleep(rng.uniform(0.0, 1.0))
-            fleet.start(slot)
+class _Run:
+    """The fault schedule of one run: which fault comes next, and each fault's procedure."""
+
+    def __init__(self, fleet, broker, producers, db_url, rng, summary, workdir, wal_messages):
+        self.fleet, self.broker, self.producers = fleet, broker, producers
+        self.db_url, self.rng, self.summary = db_url, rng, summary
+        self.pause = workdir / "pause"
+        self.wal_messages = wal_messages
+
+    def inject(self, faults: Faults) -> float:
+        """Inject faults at random moments until every quota is met and the producers are
+        done; return when the last one was."""
+        rng, summary = self.rng, self.summary
+        quota = {
+            "relay": faults.relay_kills,
+            "consumer": faults.consumer_kills,
+            "broker": faults.broker_restarts,
+            "cut": faults.database_cuts,
+            "slot": faults.slot_drops,
+        }
+        done = dict.fromkeys(quota, 0)
+        kill_quota = quota["relay"] + quota["consumer"]
         last_fault = time.monotonic()
-        summary.relay_kills, summary.consumer_kills = kills["relay"], kills["consumer"]
+        while True:
+            producing = any(p.poll() is None for p in self.producers)
+            if all(done[kind] >= quota[kind] for kind in quota) and not producing:
+                _add_poison(self.fleet, committed_count(self.db_url), summary)
+                return last_fault
+            time.sleep(rng.uniform(0.5, 2.0))
+            progress = committed_count(self.db_url)
+            _add_poison(self.fleet, progress, summary)
+            kills_done = (done["relay"] + done["consumer"]) / kill_quota if kill_quota else 1.0
+            # The rare faults are spread over the run: each waits for its share of the kills.
+            rare = [
+                kind
+                for kind in ("broker", "cut", "slot")
+                if done[kind] < quota[kind]
+                and progress > 0
+                and kills_done >= (done[kind] + 0.5) / quota[kind]
+            ]
+            owed = [kind for kind in ("relay", "consumer") if done[kind] < quota[kind]]
+            if rare:
+                kind = rare[0]
+            elif owed:
+                kind = min(owed, key=lambda k: (done[k] / quota[k], rng.random()))
+            elif kill_quota:
+                kind = rng.choice([k for k in ("relay", "consumer") if quota[k]])
+            else:
+                continue
+            if getattr(self, f"_{kind}")():
+                done[kind] += 1
+            last_fault = time.monotonic()
+            summary.relay_kills, summary.consumer_kills = done["relay"], done["consumer"]
+            summary.broker_restarts, summary.database_cuts = done["broker"], done["cut"]
+            summary.slot_drops = done["slot"]
+
+    def _relay(self) -> bool:
+        return self._kill(self.rng.choice(["relay-1", "relay-2"]))
+
+    def _consumer(self) -> bool:
+        return self._kill(self.rng.choice(["consumer-1", "consumer-2", "consumer-3"]))
+
+    def _kill(self, slot: str) -> bool:
+        self.fleet.kill(slot)
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        self.fleet.start(slot)
+        # The next fault waits for this process to be up: on a loaded machine a start takes
+        # seconds, and kills faster than that would only ever kill processes starting.
+        self.fleet.wait_started(slot)
+        return True
+
+    def _broker(self) -> bool:
+        self.broker.stop()
+        time.sleep(self.rng.uniform(1.0, 3.0))
+        self.broker.start()
+        return True
+
+    def _cut(self) -> bool:
+        return cut_database_connections(self.db_url) > 0
+
+    def _slot(self) -> bool:
+        """Drop the replication slot under the running relays, which must make it again.
+
+        Rows committed meanwhile are published from the table by the new slot's catch-up; a
+        WAL message committed while no slot exists is in no slot (the documented gap), so with
+        WAL messages the producers are paused first and every committed event applied.
+        """
+        if not self.wal_messages:
+            return drop_slot(self.db_url, scaled(30))
+        self.pause.touch()
+        try:
+            _wait_for_pause(self.producers, self.pause, scaled(60))
+            if not _wait_until(
+                lambda: effect_count(self.db_url) >= committed_count(self.db_url), scaled(120)
+            ):
+                self.summary.problems.append("not drained before the slot drop")
+                return False
+            dropped = drop_slot(self.db_url, scaled(30))
+            if not _wait_for_slot(self.db_url, scaled(60)):
+                self.summary.problems.append("no relay made the dropped slot again")
+            return dropped
+        finally:
+            self.pause.unlink(missing_ok=True)
+
+
+def _wait_until(condition, timeout: float, every: float = 0.2) -> bool:
+    """Whether ``condition()`` held before ``timeout`` seconds were over."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+def _wait_for_pause(producers: list, pause: Path, timeout: float) -> bool:
+    """Wait until every producer still running says it started no transaction since ``pause``
+    appeared."""
+    first_keys = [index * KEYS_PER_PRODUCER for index in range(PRODUCERS)]
+
+    def paused() -> bool:
+        return all(
+            producer.poll() is not None or pause.with_name(f"{pause.name}.{first}").exists()
+            for producer, first in zip(producers, first_keys, strict=True)
+        )
+
+    return _wait_until(paused, timeout, every=0.05)
+
+
+_SLOTS = "FROM pg_replication_slots WHERE database = current_database()"
+
+
+def _wait_for_slot(db_url: str, timeout: float) -> bool:
+    """Whether the run's database has a replication slot within ``timeout`` seconds."""
+    return _wait_until(lambda: _count(db_url, text(f"SELECT count(*) {_SLOTS}")) > 0, timeout)
+
+
+def drop_slot(db_url: str, timeout: float) -> bool:
+    """Drop the run's replication slot, ending the walsender that holds it (the relays may take
+    it again between the two: try until it is gone)."""
+    engine = make_engine(db_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with engine.begin() as conn:
+                    conn.execute(
+                        text(
+                            f"SELECT pg_terminate_backend(active_pid) {_SLOTS}"
+                            " AND active_pid IS NOT NULL"
+                        )
+                    )
+                    dropped = conn.scalar(
+                        text(f"SELECT count(pg_drop_replication_slot(slot_name)) {_SLOTS}")
+                    )
+                if dropped:
+                    return True
+            except DBAPIError:  # taken again in between: "replication slot ... is active"
+                pass
+            time.sleep(0.05)
+        return False
+    finally:
+        engine.dispose()
 
 
 def _add_poison(fleet: Fleet, committed: int, summary: Summary) -> None:
@@ -319,6 +480,16 @@ def _wait_for_effects(db_url: str, timeout: float, summary: Summary) -> None:
     )
 
 
+def _wait_for_empty_outbox(db_url: str, mode: str, timeout: float, summary: Summary) -> None:
+    """Wait until the outbox holds no unpublished row (in logical mode: no row at all)."""
+    rows = select(func.count()).select_from(outbox_events)
+    if mode != "logical":
+        rows = rows.where(outbox_events.c.published_ms.is_(None))
+    if not _wait_until(lambda: _count(db_url, rows) == 0, timeout, every=0.5):
+        summary.outbox_rows_left = _count(db_url, rows)
+        summary.problems.append(f"{summary.outbox_rows_left} rows left in the outbox table")
+
+
 def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summary) -> None:
     engine = make_engine(db_url)
     with engine.connect() as conn:
@@ -337,11 +508,14 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
     summary.committed_events = len(committed_ids)
     summary.rolled_back_events = len(rolled_back)
     summary.effect_rows = len(applied_ids)
-    if len(set(applied_ids)) != len(applied_ids):
-        summary.problems.append(f"{len(applied_ids) - len(set(applied_ids))} effects applied twice")
-    if set(applied_ids) != set(committed_ids):
-        missing = set(committed_ids) - set(applied_ids)
-        summary.problems.append(f"{len(missing)} committed events never applied")
+    summary.duplicate_effects = len(applied_ids) - len(set(applied_ids))
+    if summary.duplicate_effects:
+        summary.problems.append(f"{summary.duplicate_effects} effects applied twice")
+    summary.lost_events = len(set(committed_ids) - set(applied_ids))
+    if summary.lost_events:
+        summary.problems.append(f"{summary.lost_events} committed events never applied")
+    if set(applied_ids) - set(committed_ids):
+        summary.problems.append("an effect of no committed event")
     if rolled_back & (set(committed_ids) | set(applied_ids)):
         summary.problems.append("an event of a rolled-back transaction was written or applied")
     outbox_order: defaultdict[bytes, list[str]] = defaultdict(list)
@@ -351,6 +525,7 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
     for row in effects:
         effect_order[row.key].append(row.event_id)
     broken = [key for key in outbox_order if outbox_order[key] != effect_order.get(key)]
+    summary.keys_out_of_order = len(broken)
     if broken:
         summary.problems.append(f"effects out of outbox order for keys {broken[:5]}")
     records = asyncio.run(read_topic(bootstrap, topic, expected=len(committed_ids), timeout=120))
@@ -404,10 +579,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--kills", type=int, default=10, help="kills of each kind, at least")
     parser.add_argument("--mode", choices=["poll", "logical"], default="poll")
+    parser.add_argument("--wal-messages", action="store_true", help="logical mode only")
+    parser.add_argument("--relay-kills", type=int, default=10, help="at least")
+    parser.add_argument("--consumer-kills", type=int, default=10, help="at least")
+    parser.add_argument("--broker-restarts", type=int, default=1)
+    parser.add_argument("--database-cuts", type=int, default=1)
+    parser.add_argument("--slot-drops", type=int, default=0, help="logical mode only")
+    parser.add_argument("--drain-timeout", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--workdir", type=Path, help="for the logs (default: a new temp dir)")
     args = parser.parse_args()
-    summary = run_chaos(args.events, args.seed, args.kills, drain_timeout=3600, mode=args.mode)
+    if args.mode != "logical" and (args.wal_messages or args.slot_drops):
+        parser.error("--wal-messages and --slot-drops need --mode logical")
+    if min(args.events, args.relay_kills, args.consumer_kills, args.broker_restarts) < 0:
+        parser.error("counts must not be negative")
+    if min(args.database_cuts, args.slot_drops) < 0:
+        parser.error("counts must not be negative")
+    faults = Faults(
+        args.relay_kills,
+        args.consumer_kills,
+        args.broker_restarts,
+        args.database_cuts,
+        args.slot_drops,
+    )
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    summary = run_chaos(
+        args.events,
+        args.seed,
+        faults,
+        args.workdir,
+        args.drain_timeout,
+        args.mode,
+        args.wal_messages,
+    )
     for name, value in asdict(summary).items():
         print(f"{name:45} {value}")
     sys.exit(1 if summary.problems else 0)

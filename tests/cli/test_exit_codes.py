@@ -32,6 +32,7 @@ from outboxkit.outbox import new_event
 from tests.cli.test_signals import caught_signals, spawn_cli, wait_until_held
 from tests.relay.test_relay import write_events
 from tests.support.ops import cli, cli_process
+from tests.support.waits import scaled
 
 BAD_URLS = {
     "not a url": "invalid database URL: expected e.g. postgresql://",
@@ -161,13 +162,13 @@ def test_ctrl_c_during_a_short_command_exits_130(sqlite_url: str, tmp_path: Path
         # main() holds both signals while it imports, then gives a short command the default
         # handlers back: SIGINT handled by Python (KeyboardInterrupt), SIGTERM by the kernel.
         wait_until_held(process)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while caught_signals(process.pid) != {signal.SIGINT}:
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         process.send_signal(signal.SIGINT)
         began = time.monotonic()
-        assert process.wait(30) == EXIT_INTERRUPTED
+        assert process.wait(scaled(30)) == EXIT_INTERRUPTED
         assert time.monotonic() - began < 10
 
 
@@ -184,7 +185,7 @@ def test_migrate_as_a_process_exits_0(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=False,
     )
     assert (done.returncode, done.stdout.strip()) == (EXIT_OK, "migrated")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waits import scaled
+
 # Linux tells which signals a process handles itself; the tests stop a process right after
 # its handlers are in place, which they could not observe otherwise.
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
@@ -69,7 +71,7 @@ def test_signals_are_held_before_the_slow_imports(
         held_after = wait_until_held(process)
         heavy = heavy_libraries_loaded(process.pid)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+        assert process.wait(scaled(60)) == 0
         observations.append((round(held_after, 3), heavy))
         if not heavy:
             break
@@ -96,14 +98,14 @@ def test_a_relay_stopped_at_any_moment_of_start_up_exits_0(
     )
     held_after = wait_until_held(process)
     if after_s is None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while " started" not in (tmp_path / "cli.log").read_text():
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
     else:
         time.sleep(after_s)
     process.send_signal(signum)
-    code = process.wait(60)
+    code = process.wait(scaled(60))
     log = (tmp_path / "cli.log").read_text()
     assert code == 0, log
     assert "Traceback" not in log
@@ -114,17 +116,17 @@ def test_dev_kafka_stopped_while_it_starts_exits_0(tmp_path: Path) -> None:
     at_once = spawn_cli(["dev", "kafka"], tmp_path)
     wait_until_held(at_once)
     at_once.send_signal(signal.SIGTERM)
-    assert at_once.wait(60) == 0
+    assert at_once.wait(scaled(60)) == 0
     assert "ready:" not in (tmp_path / "cli.log").read_text()
 
     starting = spawn_cli(["dev", "kafka"], tmp_path)
     wait_until_held(starting)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while caught_signals(starting.pid) and "java" not in _children(starting.pid):
         assert starting.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     starting.send_signal(signal.SIGTERM)  # the broker process is starting
-    assert starting.wait(90) == 0, (tmp_path / "cli.log").read_text()
+    assert starting.wait(scaled(90)) == 0, (tmp_path / "cli.log").read_text()
 
 
 def _children(pid: int) -> str:

@@ -29,6 +29,7 @@ from tests.cli.test_signals import wait_until_held
 from tests.support import workflow_ops as w
 from tests.support.actions import sessions_for
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 APP = "tests.support.workflow_ops:build_engine"
 
@@ -290,7 +291,7 @@ def spawn_worker(args: list[str], url: str, log: Path) -> subprocess.Popen[bytes
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as answer:
         return answer.read().decode()
 
 
@@ -333,7 +334,7 @@ async def test_run_advances_workflows_serves_metrics_and_stops_on_sigterm(
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.wait(10)
+            worker.wait(scaled(10))
     output = log.read_text()
     assert "workflow worker" in output and "started" in output and "stopped after" in output
 
@@ -350,18 +351,18 @@ def test_run_stopped_at_any_moment_of_start_up_exits_0(
     try:
         wait_until_held(process)
         if after_s is None:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while " started" not in log.read_text():
                 assert process.poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
         else:
             time.sleep(after_s)
         process.send_signal(signum)
-        assert process.wait(60) == 0, log.read_text()
+        assert process.wait(scaled(60)) == 0, log.read_text()
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait(10)
+            process.wait(scaled(10))
     assert "Traceback" not in log.read_text()
 
 

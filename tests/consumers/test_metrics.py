@@ -24,6 +24,7 @@ from tests.support.consumers import (
     running,
 )
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 SECRET = "MARKER-c0ffee-never-in-telemetry"
 N, D = 12, 3
@@ -31,7 +32,9 @@ N, D = 12, 3
 
 def _scrape(port: int) -> str:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)
+        ) as response:
             return response.read().decode()
     except OSError:
         return ""

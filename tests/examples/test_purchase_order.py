@@ -33,6 +33,7 @@ from tests.support import REPO
 from tests.support.consumers import alive, produce_events, running
 from tests.support.kafka import read_topic, wait_for
 from tests.support.purchase_order import PO, Harness, decode_row, purchase_orders
+from tests.support.waits import scaled
 
 KEY = "PO-2026-481:issue:v1"
 TOTAL = 40 * 2_450 + 6 * 8_990
@@ -578,7 +579,7 @@ async def test_the_demo_tells_the_story_and_ends_with_one_order(tmp_path: Path) 
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "orders at the supplier: 1 (key PO-2026-481:issue:v1)" in result.stdout

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.support import REPO
+from tests.support.waits import scaled
 
 
 def test_quickstart_shows_the_whole_pipeline(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -17,7 +18,7 @@ def test_quickstart_shows_the_whole_pipeline(kafka_bootstrap: str, tmp_path: Pat
         env={**os.environ, "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=scaled(240),
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -38,6 +38,7 @@ from tests.support.actions import (
     sessions_for,
 )
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 T = "acme"
 TICKET = Ticket(ticket_id="T-7", charge_id="ch_7", amount_cents=1999)
@@ -47,7 +48,7 @@ BODY = {"charge_id": "ch_1", "amount_cents": 500, "currency": "EUR"}
 
 def call(url: str, method: str, path: str, body=None, headers=None):
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=scaled(30))
     try:
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, path, body=payload, headers=headers or {})
@@ -103,7 +104,7 @@ async def test_provider_answers_409_while_the_first_request_is_in_flight() -> No
             assert lookup["in_flight"] is True and lookup["count"] == 0
         finally:
             hold.release()
-        status, _, _ = await asyncio.wait_for(first, 30)
+        status, _, _ = await asyncio.wait_for(first, scaled(30))
         assert status == 201 and provider.refund_count() == 1
 
 
@@ -117,7 +118,7 @@ async def test_the_demo_ends_with_one_refund(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "provider refunds: 1" in result.stdout

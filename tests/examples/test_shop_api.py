@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from examples.refund_agent.provider import Fault, PaymentProvider
 from examples.refund_agent.shop_api import shop_app, shop_tables, ticket_refunds
 from tests.support.http import serving
+from tests.support.waits import scaled
 
 BODY = {"charge_id": "ch_7", "amount_cents": 1200, "currency": "EUR"}
 
@@ -33,7 +34,7 @@ async def test_a_lost_provider_reply_then_a_retry_refunds_once(db_url: str) -> N
         with PaymentProvider() as provider:
             async with (
                 serving(shop_app(shop_engine, provider.url, timeout_s=5)) as url,
-                httpx.AsyncClient(base_url=url, timeout=60) as client,
+                httpx.AsyncClient(base_url=url, timeout=scaled(60)) as client,
             ):
                 # the provider refunds, then its reply is lost: the shop cannot know, says 503
                 provider.inject(Fault.DROP_AFTER_COMMIT)

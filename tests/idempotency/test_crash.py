@@ -14,6 +14,7 @@ from tests.idempotency.test_http import BODY, count, headers
 from tests.support.http import listening_socket, start_server, url_of, wait_until_serving
 from tests.support.idempotent_app import count_payments, create_tables
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 LEASE_S = 2.0
 
@@ -36,7 +37,7 @@ async def test_a_server_killed_mid_handler_leaves_no_effect_and_the_retry_runs_o
         try:
             await wait_until_serving(base_url, server)
             hold.touch()
-            async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+            async with httpx.AsyncClient(base_url=base_url, timeout=scaled(60)) as client:
                 doomed = asyncio.create_task(
                     client.post("/payments", json=BODY, headers=headers("k-crash"))
                 )
@@ -55,7 +56,7 @@ async def test_a_server_killed_mid_handler_leaves_no_effect_and_the_retry_runs_o
         server = start_server(app, sock, env, tmp_path / "server.log")
         try:
             await wait_until_serving(base_url, server)
-            async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+            async with httpx.AsyncClient(base_url=base_url, timeout=scaled(60)) as client:
 
                 async def retry() -> httpx.Response:
                     return await client.post("/payments", json=BODY, headers=headers("k-crash"))

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from tests.idempotency.test_http import headers
 from tests.support.http import serving
 from tests.support.idempotent_app import count_payments, create_tables, payments
+from tests.support.waits import scaled
 
 
 class PaymentIn(BaseModel):
@@ -55,7 +56,7 @@ async def fastapi_service(db_url: str, added: bool) -> AsyncIterator[httpx.Async
     try:
         async with (
             serving(app) as base_url,
-            httpx.AsyncClient(base_url=base_url, timeout=60) as client,
+            httpx.AsyncClient(base_url=base_url, timeout=scaled(60)) as client,
         ):
             yield client
     finally:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from tests.support.http import serving
 from tests.support.idempotent_app import Controls, build_app, count_payments, create_tables
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 BODY = {"amount_cents": 500}
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
@@ -43,7 +44,7 @@ async def service(db_url: str, **options: Any) -> AsyncIterator[httpx.AsyncClien
     try:
         async with (
             serving(build_app(engine, **options)) as base_url,
-            httpx.AsyncClient(base_url=base_url, timeout=60) as client,
+            httpx.AsyncClient(base_url=base_url, timeout=scaled(60)) as client,
         ):
             yield client
     finally:
@@ -83,7 +84,7 @@ async def test_twenty_identical_requests_at_once_make_one_effect_and_one_event(
     assert count(db_url, outbox_events) == 1
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
     async with Relay(db_url=db_url, kafka=kafka, options=FAST) as relay:
-        await relay.drain(timeout_s=60)
+        await relay.drain(timeout_s=scaled(60))
     records = await read_topic(kafka_bootstrap, topic, expected=1, timeout=20)
     assert len(records) == 1
     assert json.loads(records[0].value)["id"] == first.json()["id"]
@@ -95,7 +96,7 @@ async def test_a_key_in_progress_is_409_with_retry_after(pg_url: str) -> None:
     outcomes: list[Outcome] = []
     async with service(pg_url, controls=controls, outcomes=outcomes) as client:
         first = asyncio.create_task(client.post("/payments", json=BODY, headers=headers("k1")))
-        await asyncio.wait_for(controls.reached.wait(), 30)
+        await asyncio.wait_for(controls.reached.wait(), scaled(30))
         busy = await client.post("/payments", json=BODY, headers=headers("k1"))
         assert (busy.status_code, busy.headers["retry-after"]) == (409, "1")
         other = await client.post("/payments", json={"amount_cents": 1}, headers=headers("k1"))
@@ -228,7 +229,7 @@ async def test_a_request_that_outlives_its_lease_is_rolled_back_when_another_too
     controls = Controls(gate=gate)
     async with service(db_url, controls=controls, lease_s=0.5) as client:
         slow = asyncio.create_task(client.post("/payments", json=BODY, headers=headers("k1")))
-        await asyncio.wait_for(controls.reached.wait(), 30)
+        await asyncio.wait_for(controls.reached.wait(), scaled(30))
         engine = make_async_engine(db_url)
         sessions = async_sessionmaker(engine)
 

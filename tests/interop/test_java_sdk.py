@@ -30,6 +30,7 @@ from tests.relay.test_relay import FAST, write_events
 from tests.support.consumer_apps import consumer_effects
 from tests.support.consumers import alive, create_effects_table, effect_rows, running
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 CONTEXT = (
     "specversion",
@@ -91,7 +92,7 @@ async def test_relay_records_decode_in_the_java_sdk_with_every_attribute_equal(
     write_events(sqlite_url, topic, events)
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
     relay = Relay(db_url=sqlite_url, kafka=kafka, options=FAST)
-    assert await relay.drain(timeout_s=60) == len(events)
+    assert await relay.drain(timeout_s=scaled(60)) == len(events)
 
     raw = {
         dict(r.headers)["ce_id"].decode(): r for r in await read_topic(kafka_bootstrap, topic, 5)

@@ -37,6 +37,7 @@ from tests.support.consumers import (
 )
 from tests.support.kafka import read_topic, wait_for
 from tests.support.ops import CliResult, cli_process
+from tests.support.waits import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +114,9 @@ async def test_relay_consumer_status_and_replay_work_on_a_secured_broker(
     await create_topic(kafka, f"{topic}.dlq")
     write_widgets(pg_url, topic, EVENTS)
 
-    assert await Relay(db_url=pg_url, kafka=kafka, options=FAST).drain(timeout_s=60) == EVENTS
+    assert (
+        await Relay(db_url=pg_url, kafka=kafka, options=FAST).drain(timeout_s=scaled(60)) == EVENTS
+    )
     assert len(await read_topic(kafka, topic, expected=EVENTS)) == EVENTS
 
     bad_record = (b"k", b'{"n": ', [("ce_specversion", b"1.0"), ("ce_id", b"bad-1"),

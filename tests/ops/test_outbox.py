@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from tests.support.kafka import read_topic
 from tests.support.ops import cli
+from tests.support.waits import scaled
 
 BIG = "x" * 300_000  # above the relay's max_request_size below, below the broker's limit
 PARKING = RelayOptions(
@@ -54,7 +55,7 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
     assert (
         await Relay(
             db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=PARKING
-        ).drain(timeout_s=60)
+        ).drain(timeout_s=scaled(60))
         == 2
     )
 
@@ -103,7 +104,7 @@ async def test_parked_rows_are_listed_requeued_and_then_published(
     assert (
         await Relay(
             db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=fixed
-        ).drain(timeout_s=60)
+        ).drain(timeout_s=scaled(60))
         == 2
     )
     records = await read_topic(kafka_bootstrap, topic, expected=4)

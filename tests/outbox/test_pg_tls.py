@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from tests.support.ops import CliResult, cli, cli_process
+from tests.support.waits import scaled
 
 CASES: dict[str, Callable[[TlsCluster], str]] = {
     "require": lambda c: f"{c.url}?sslmode=require",
@@ -55,7 +56,9 @@ def test_both_drivers_and_listen_connect_over_tls(tls_pg: TlsCluster, case: str)
             await async_engine.dispose()
         # the relay's LISTEN connection, from the engine's URL as the relay builds it
         listen = await asyncpg.connect(
-            listen_dsn(async_engine.url), timeout=10, **asyncpg_connect_args(async_engine.url)
+            listen_dsn(async_engine.url),
+            timeout=scaled(10),
+            **asyncpg_connect_args(async_engine.url),
         )
         try:
             listen_tls = await listen.fetchval(OWN_TLS)
@@ -84,7 +87,7 @@ def test_both_drivers_and_listen_are_refused(tls_pg: TlsCluster, case: str) -> N
         finally:
             await async_engine.dispose()
         with pytest.raises((asyncpg.PostgresError, OSError)) as refused:
-            await asyncpg.connect(listen_dsn(url), timeout=10, **asyncpg_connect_args(url))
+            await asyncpg.connect(listen_dsn(url), timeout=scaled(10), **asyncpg_connect_args(url))
         assert reason in str(refused.value)
 
     asyncio.run(over_asyncpg())

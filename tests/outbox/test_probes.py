@@ -25,12 +25,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tests.support.consumers import create_effects_table, effects_app_for
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 
 def get(port: int, path: str) -> tuple[int, str]:
     """GET http://127.0.0.1:PORT/PATH: (status, body); 5xx answers too."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=scaled(5)) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()

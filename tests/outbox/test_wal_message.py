@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from tests.relay.test_logical import make_slot, relay_for, rows_left
 from tests.relay.test_processes import KEYS, check_order
 from tests.support.kafka import read_topic
+from tests.support.waits import scaled
 
 
 @pytest.mark.parametrize("key", ["k-1", None])
@@ -71,7 +72,7 @@ async def test_messages_at_commit_are_published_in_add_order_with_the_inserts(
     write_at_commit(pg_url, topic, 300, per_tx=6)
     assert rows_left(pg_url)["pending"] == 150, "the messages wrote no rows"
     relay = relay_for(pg_url, kafka_bootstrap)
-    assert await relay.drain(timeout_s=60) == 300
+    assert await relay.drain(timeout_s=scaled(60)) == 300
     records = await read_topic(kafka_bootstrap, topic, expected=300)
     check_order(records, 300, allow_duplicates=False)  # the rolled-back seq would fail it
     seqs = [json.loads(record.value)["seq"] for record in records]

@@ -25,6 +25,7 @@ from sqlalchemy import select
 from tests.relay.test_relay import table_counts, write_events
 from tests.support.kafka import read_topic
 from tests.support.ops import cli_process
+from tests.support.waits import scaled
 
 # max_attempts=1: one failed attempt parks a row, so a wrongly counted attempt shows as a park.
 STRICT = RelayOptions(
@@ -81,7 +82,7 @@ async def test_a_batch_refused_as_too_large_costs_an_attempt_only_to_the_row_too
 
     await Relay(
         db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=STRICT
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
 
     published, parked = rows_by_state(db_url)
     assert [(key, attempts) for key, attempts, _ in parked] == [(b"big", 1)]
@@ -134,11 +135,11 @@ async def test_a_relay_on_an_unmigrated_database_fails_at_once_saying_so(
         db_url=unmigrated_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=STRICT
     )
     with pytest.raises(NotMigratedError, match=MISSING) as raised:
-        await asyncio.wait_for(relay.run(), 20)
+        await asyncio.wait_for(relay.run(), scaled(20))
     assert isinstance(raised.value, OutboxError)
     assert not relay.running
     with pytest.raises(NotMigratedError):
-        await asyncio.wait_for(relay.drain(timeout_s=20), 30)
+        await asyncio.wait_for(relay.drain(timeout_s=scaled(20)), scaled(30))
 
 
 @pytest.mark.parametrize("mode", [[], ["--drain"]], ids=["run", "drain"])

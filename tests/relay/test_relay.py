@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 FAST = RelayOptions(
     lease_ttl_s=5.0,
@@ -69,7 +70,7 @@ async def test_committed_event_arrives_once_and_decodes_to_the_same_event(
 
     published = await Relay(
         db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
 
     assert published == 1
     records = await read_topic(kafka_bootstrap, topic, expected=1)
@@ -101,7 +102,7 @@ async def test_an_event_without_data_is_published_as_a_null_value_without_conten
     write_events(sqlite_url, topic, [new_event("order.noted", "/shop", partitionkey="o-1")])
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
     relay = Relay(db_url=sqlite_url, kafka=kafka, options=FAST)
-    assert await relay.drain(timeout_s=60) == 1
+    assert await relay.drain(timeout_s=scaled(60)) == 1
     (record,) = await read_topic(kafka_bootstrap, topic, expected=1)
     assert record.value is None
     assert record.key == b"o-1"
@@ -118,7 +119,7 @@ async def test_retention_zero_deletes_rows_once_published(
     assert (
         await Relay(
             db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
-        ).drain(timeout_s=60)
+        ).drain(timeout_s=scaled(60))
         == 20
     )
     assert len(await read_topic(kafka_bootstrap, topic, expected=20)) == 20
@@ -145,7 +146,7 @@ async def test_poison_row_is_parked_with_its_error_while_others_go_through(
 
     await Relay(
         db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
 
     records = await read_topic(kafka_bootstrap, topic, expected=30)
     assert sorted(json.loads(r.value)["n"] for r in records) == list(range(30))
@@ -168,7 +169,7 @@ async def test_published_rows_are_kept_then_deleted_in_chunks(
 
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(25)])
     relay = Relay(db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST)
-    assert await relay.drain(timeout_s=60) == 25
+    assert await relay.drain(timeout_s=scaled(60)) == 25
     engine = relay.engine
     assert await delete_published(engine, retention_ms=3_600_000, chunk=10) == 0
     assert table_counts(sqlite_url)["total"] == 25
@@ -219,7 +220,7 @@ async def test_stop_mid_stream_settles_what_was_sent_so_a_successor_sends_no_dup
         await engine.dispose()
 
     second = Relay(db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options)
-    assert await second.drain(timeout_s=60) == 600 - first.stats.published
+    assert await second.drain(timeout_s=scaled(60)) == 600 - first.stats.published
     records = await read_topic(kafka_bootstrap, topic, expected=600)
     assert sorted(json.loads(r.value)["n"] for r in records) == list(range(600))
 
@@ -233,14 +234,14 @@ async def test_run_works_until_stop_and_drain_finishes_a_running_relay(
     await wait_for(lambda: relay.stats.published, lambda n: n == 5, 30, "5 published")
     assert not running.done(), "run() returns only once stop() is called"
     await relay.stop()
-    await asyncio.wait_for(running, 30)
+    await asyncio.wait_for(running, scaled(30))
     assert lease_rows(sqlite_url, relay.relay_id) == (0, 0)
 
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": n}) for n in range(5, 12)])
     async with relay:  # a stopped relay starts again
         with pytest.raises(RuntimeError, match="already running"):
             await relay.start()
-        assert await relay.drain(timeout_s=60) == 7
+        assert await relay.drain(timeout_s=scaled(60)) == 7
         assert not relay.running
     assert relay.stats.published == 12
     records = await read_topic(kafka_bootstrap, topic, expected=12)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from tests.support.consumers import alive, running
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 SECRET = "MARKER-7f3a-do-not-log"
 
@@ -48,7 +49,7 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
     options = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, retention_s=3600)
     await Relay(
         db_url=sqlite_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=options
-    ).drain(timeout_s=60)
+    ).drain(timeout_s=scaled(60))
 
     (publish,) = [s for s in spans.get_finished_spans() if s.name == "outbox publish"]
     assert publish.context.trace_id == producer_span.get_span_context().trace_id
@@ -79,7 +80,7 @@ async def test_publish_span_joins_the_trace_of_the_writing_transaction(
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as response:
         return response.read().decode()
 
 

@@ -20,6 +20,7 @@ from examples.refund_agent.agent import Refund, Ticket, refund_step
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Hold
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,11 @@ async def kill_once_the_provider_committed(
         await wait_for(lambda: hold.reached.is_set() or worker.poll() is not None, bool, 60, what)
         assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
         worker.send_signal(signal.SIGKILL)
-        assert worker.wait(30) == -signal.SIGKILL
+        assert worker.wait(scaled(30)) == -signal.SIGKILL
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.wait(30)
+            worker.wait(scaled(30))
         if worker.stdout is not None:
             worker.stdout.close()
         hold.release()

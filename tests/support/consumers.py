@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
 
 from tests.support.consumer_apps import WIDGET_TYPE, Widget, consumer_effects, effects_metadata
+from tests.support.waits import scaled
 
 Header = tuple[str, bytes | None]
 RawRecord = tuple[bytes | None, bytes | None, Sequence[Header]]  # key, value, headers
@@ -142,8 +143,8 @@ async def running(
     try:
         yield runtime, task
     finally:
-        await asyncio.wait_for(runtime.stop(), 60)
-        await asyncio.wait_for(task, 60)
+        await asyncio.wait_for(runtime.stop(), scaled(60))
+        await asyncio.wait_for(task, scaled(60))
 
 
 def alive(task: asyncio.Task[Any]) -> None:

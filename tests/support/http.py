@@ -17,6 +17,7 @@ import uvicorn
 
 from tests.support import REPO
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 
 @contextmanager
@@ -53,7 +54,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
             yield url_of(sock)
         finally:
             server.should_exit = True
-            await asyncio.wait_for(task, 30)
+            await asyncio.wait_for(task, scaled(30))
 
 
 def start_server(
@@ -78,7 +79,7 @@ async def wait_until_serving(base_url: str, process: subprocess.Popen[bytes]) ->
         if process.poll() is not None:
             raise AssertionError(f"the server exited with {process.returncode}")
         try:
-            async with httpx.AsyncClient(base_url=base_url, timeout=2) as client:
+            async with httpx.AsyncClient(base_url=base_url, timeout=scaled(2)) as client:
                 return (await client.get("/health")).status_code == 200
         except httpx.TransportError:
             return False

@@ -10,6 +10,8 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from outboxkit.outbox.kafka_settings import KafkaSettings
 
+from tests.support.waits import scaled
+
 T = TypeVar("T")
 
 
@@ -19,7 +21,8 @@ async def read_topic(
     """Read ``topic`` from the beginning until ``expected`` records or the deadline.
 
     It keeps reading a little after reaching ``expected`` so that extra records (duplicates)
-    that are already in the topic are seen too.
+    that are already in the topic are seen too. ``timeout`` is a quiet machine's figure,
+    :func:`~tests.support.waits.scaled` for the load.
     """
     kafka = (
         bootstrap if isinstance(bootstrap, KafkaSettings) else KafkaSettings(bootstrap=bootstrap)
@@ -33,7 +36,7 @@ async def read_topic(
     )
     await consumer.start()
     records: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     try:
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
@@ -49,7 +52,9 @@ async def read_topic(
 async def wait_for(
     probe: Callable[[], T], done: Callable[[T], bool], timeout: float, what: str
 ) -> T:
-    """Call ``probe`` (sync or async) until ``done(result)`` or fail after ``timeout`` seconds."""
+    """Call ``probe`` (sync or async) until ``done(result)`` or fail after ``timeout`` seconds
+    (a quiet machine's figure, :func:`~tests.support.waits.scaled` for the load)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         result = probe()

@@ -16,6 +16,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from outboxkit.cli.main import main
 
+from tests.support.waits import scaled
+
 
 @dataclass(frozen=True)
 class CliResult:
@@ -59,13 +61,14 @@ async def cli(*argv: str) -> CliResult:
 
 
 def cli_process(*argv: str, timeout: float = 60.0) -> CliResult:
-    """Run ``outboxkit ARGV`` as a separate process, as an operator or a cron job would."""
+    """Run ``outboxkit ARGV`` as a separate process, as an operator or a cron job would
+    (``timeout``: a quiet machine's figure, :func:`~tests.support.waits.scaled` for the load)."""
     began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", "from outboxkit.cli.main import main; main()", *argv],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         env={**os.environ},
         check=False,
     )

@@ -38,6 +38,8 @@ from outboxkit.workflows import (
 )
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from tests.support.waits import scaled
+
 APPROVALS_KEY = b"approvals-test-key"
 EVENTS_TOPIC = "wf-ops-events"
 SIGNALS_TOPIC = "wf-ops-signals"
@@ -167,8 +169,9 @@ async def approve(
 
 
 async def settle(engine: WorkflowEngine, workflow_id: str, until: Any, timeout_s: float = 30.0):
-    """Run the workers' steps until ``until(record)`` holds; the record."""
-    deadline = time.monotonic() + timeout_s
+    """Run the workers' steps until ``until(record)`` holds; the record (``timeout_s`` is a
+    quiet machine's figure, scaled for the load)."""
+    deadline = time.monotonic() + scaled(timeout_s)
     while True:
         record = await get(engine, workflow_id)
         if until(record):

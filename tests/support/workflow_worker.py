@@ -20,6 +20,7 @@ from outboxkit.outbox.logs import configure_logging
 from outboxkit.workflows import WorkflowWorker
 
 from tests.support.actions import sessions_for
+from tests.support.waits import scaled
 from tests.support.workflows import build, make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,10 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
     if worker.poll() is None:
         worker.send_signal(signal.SIGTERM)
         try:
-            worker.wait(30)
+            worker.wait(scaled(30))
         except subprocess.TimeoutExpired:
             worker.kill()
-            worker.wait(30)
+            worker.wait(scaled(30))
     if worker.stdout is not None:
         worker.stdout.close()
 

@@ -43,6 +43,7 @@ from outboxkit.workflows import (
 
 from examples.refund_agent.payments import PaymentsClient
 from tests.support.actions import sessions_for
+from tests.support.waits import scaled
 
 NAME = "refund"
 TENANT = "acme"
@@ -313,7 +314,7 @@ async def until_state(
 ) -> WorkflowRecord:
     """Run due steps until the instance is in one of ``states`` (or fail after the timeout)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = loop.time() + scaled(timeout_s)
     while True:
         record = await get(engine, workflow_id)
         if record.state in states:
@@ -333,7 +334,9 @@ async def approve(engine: WorkflowEngine, workflow_id: str, **options: Any) -> A
 
 
 async def _until_waiting(engine: WorkflowEngine, workflow_id: str) -> WorkflowRecord:
-    for _ in range(100):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + scaled(5)
+    while loop.time() < deadline:
         record = await get(engine, workflow_id)
         if record.wait is not None:
             return record

@@ -24,6 +24,7 @@ from tests.support import workflows as wf
 from tests.support.actions import in_tx, kill_once_the_provider_committed
 from tests.support.consumers import binary_record, produce, running
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 T = wf.TENANT
 LEASE_S = 3.0  # instance lease of the crash tests' workers
@@ -320,7 +321,9 @@ async def test_cancel_while_running_lets_the_effect_finish_then_compensates(
         await wf.until_state(engine, "R-8", {"execute"})
         world.effect_gate = asyncio.Event()
         step = asyncio.create_task(engine.run_due())
-        await asyncio.wait_for(world.effect_started.wait(), 30)  # the refund call is in flight
+        await asyncio.wait_for(
+            world.effect_started.wait(), scaled(30)
+        )  # the refund call is in flight
         await _cancel(engine, "R-8")
         world.effect_gate.set()
         assert await step == 1

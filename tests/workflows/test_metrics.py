@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from tests.support import workflow_ops as w
 from tests.support.actions import sessions_for
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -150,7 +151,7 @@ def blackhole() -> Iterator[int]:
 
 
 def scrape(port: int) -> tuple[int, str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(30)) as answer:
         return answer.status, answer.read().decode()
 
 

@@ -1,0 +1,345 @@
+"""Logical mode under the faults of issue 22: a catch-up longer than the lease, poison WAL
+messages, commits not yet visible to the DELETE, dropped slots. Real PostgreSQL and Kafka;
+every test checks the invariants (tests/relay/invariants.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg2
+import psycopg2.extras
+import pytest
+from outboxkit.outbox import Outbox, new_event, wal_message
+from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.notify import listen_dsn
+from outboxkit.outbox.tables import outbox_events
+from outboxkit.relay import Relay, RelayOptions
+from outboxkit.relay.logical import UNREADABLE_SOURCE
+from outboxkit.relay.slot import PUBLICATION
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from tests.relay.invariants import (
+    assert_nothing_lost,
+    pending_rows,
+    seqs_of,
+    unconfirmed_seqs,
+    write_bulk,
+)
+from tests.relay.test_processes import KEYS, check_order, write_sequence
+from tests.support.kafka import wait_for
+from tests.support.ops import cli, cli_process
+
+LOGICAL = RelayOptions(
+    lease_ttl_s=4.0, request_timeout_s=2.0, poll_interval_s=0.2, mode="logical", max_attempts=2
+)
+
+
+def relay_for(url: str, bootstrap: str, **changes: object) -> Relay:
+    options = RelayOptions(**{**LOGICAL.__dict__, **changes})  # type: ignore[arg-type]
+    return Relay(db_url=url, kafka=KafkaSettings(bootstrap=bootstrap), options=options)
+
+
+async def test_a_catch_up_longer_than_the_lease_publishes_every_row(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 4 s leases; 100,000 rows take longer than that to publish from the table on this machine
+    # (the old catch-up stopped when its leases expired and left the rest in the table).
+    write_bulk(pg_url, topic, 0, 100_000)
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    relay = relay_for(pg_url, kafka_bootstrap)
+    assert await relay.drain(timeout_s=240) == 100_000
+    records = await assert_nothing_lost(pg_url, kafka_bootstrap, topic, set(range(100_000)))
+    assert len(records) == 100_000
+    assert "catch-up of slot" in caplog.text and "streaming" in caplog.text
+
+
+def emit(url: str, content: bytes) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(wal_message.EMIT, {"content": content})
+    engine.dispose()
+
+
+def parked_unreadable(url: str) -> list[str]:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        reasons = conn.scalars(
+            select(outbox_events.c.last_error)
+            .where(outbox_events.c.source == UNREADABLE_SOURCE, outbox_events.c.parked_ms > 0)
+            .order_by(outbox_events.c.id)
+        ).all()
+    engine.dispose()
+    return [str(reason) for reason in reasons]
+
+
+async def make_slot(url: str, bootstrap: str) -> None:
+    assert await relay_for(url, bootstrap).drain(timeout_s=60) == 0
+
+
+async def test_unreadable_wal_messages_are_parked_and_the_stream_goes_on(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await make_slot(pg_url, kafka_bootstrap)
+    write_sequence(pg_url, topic, 0, 10, per_tx=5)
+    emit(pg_url, bytes.fromhex("02deadbeef"))  # another version
+    emit(pg_url, b"\x01\x00\x05ab")  # version 1, cut short
+    good = wal_message.encode(
+        {
+            "source": "/test",
+            "event_id": "bad-headers",
+            "type": "seq",
+            "topic": topic,
+            "kafka_key": b"key-0",
+            "headers": "[1, 2]",  # no object
+            "payload": b'{"seq": -1}',
+        }
+    )
+    emit(pg_url, good)
+    write_sequence(pg_url, topic, 10, 10, per_tx=5)
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    assert await relay_for(pg_url, kafka_bootstrap).drain(timeout_s=60) == 20
+    # Once more: nothing is read twice, nothing parked twice.
+    assert await relay_for(pg_url, kafka_bootstrap).drain(timeout_s=60) == 0
+    reasons = parked_unreadable(pg_url)
+    assert len(reasons) == 3, reasons
+    assert "unknown outbox message version" in reasons[0]
+    assert caplog.text.count("cannot be read") == 3
+    records = await assert_nothing_lost(pg_url, kafka_bootstrap, topic, set(range(20)))
+    assert len(records) == 20
+    assert unconfirmed_seqs(pg_url) == set(), "the slot moved past the bad messages"
+    status = await cli("status", "--db-url", pg_url, "--json", "--bootstrap", kafka_bootstrap)
+    assert status.json()["outbox"]["parked"] == 3
+
+
+def produce(url: str, topic: str, stop: threading.Event, first: int, step: int) -> list[int]:
+    """Commit small transactions (1-3 rows) until ``stop``; return the seqs committed: seqs
+    ``first, first + step, ...`` so that several producers never collide."""
+    engine = make_engine(url)
+    outbox = Outbox(default_topic=topic)
+    committed: list[int] = []
+    seq = first
+    while not stop.is_set():
+        batch = []
+        with Session(engine) as session, session.begin():
+            for _ in range(1 + seq % 3):
+                key = f"key-{seq % KEYS}"
+                outbox.add(session, new_event("seq", "/test", {"seq": seq}, partitionkey=key))
+                batch.append(seq)
+                seq += step
+        committed += batch
+    engine.dispose()
+    return committed
+
+
+async def producing(
+    url: str, topic: str, producers: int, seconds: float, *, started: asyncio.Event | None = None
+) -> set[int]:
+    """Run ``producers`` threads for ``seconds`` (after ``started``, if given)."""
+    stop = threading.Event()
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.run_in_executor(None, produce, url, topic, stop, first, producers)
+        for first in range(producers)
+    ]
+    if started is not None:
+        await started.wait()
+    await asyncio.sleep(seconds)  # how long the producers run, not a wait for a condition
+    stop.set()
+    return {seq for committed in await asyncio.gather(*tasks) for seq in committed}
+
+
+async def test_no_committed_row_stays_in_the_table_under_concurrent_commits(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    # The stream hands a transaction over once its commit is in the WAL, a moment before
+    # other sessions see it: the old relay's DELETE then found nothing and left the rows.
+    await make_slot(pg_url, kafka_bootstrap)
+    relay = relay_for(pg_url, kafka_bootstrap)
+    async with relay:
+        committed = await producing(pg_url, topic, producers=8, seconds=15)
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 120, "the table empty")
+    await assert_nothing_lost(pg_url, kafka_bootstrap, topic, committed)
+
+
+async def test_rows_committed_while_the_slot_is_created_are_published_once(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    write_bulk(pg_url, topic, 10**6, 2000)  # a backlog to catch up: the window grows
+    relay = relay_for(pg_url, kafka_bootstrap)
+    running = asyncio.Event()
+    producers = asyncio.ensure_future(producing(pg_url, topic, 4, 8.0, started=running))
+    await asyncio.sleep(0.3)  # the producers are committing when the relay starts
+    running.set()
+    async with relay:
+        committed = await producers
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 120, "the table empty")
+        await wait_for(lambda: caplog.text, lambda text: "streaming from" in text, 60, "stream")
+    committed |= set(range(10**6, 10**6 + 2000))
+    records = await assert_nothing_lost(pg_url, kafka_bootstrap, topic, committed)
+    seqs = seqs_of(records)
+    duplicates = len(seqs) - len(set(seqs))
+    assert duplicates == 0, f"{duplicates} published twice"
+
+
+async def test_a_dropped_slot_is_recreated_and_nothing_committed_is_lost(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    relay = relay_for(pg_url, kafka_bootstrap)
+    async with relay:
+        write_sequence(pg_url, topic, 0, 200, per_tx=10)
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 60, "first rows sent")
+        engine = make_engine(pg_url)
+
+        def drop() -> bool:
+            with engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                        "WHERE database = current_database() AND active_pid IS NOT NULL"
+                    )
+                )
+                try:
+                    conn.execute(
+                        text(
+                            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                            "WHERE database = current_database()"
+                        )
+                    )
+                except DBAPIError:  # the relay streamed again before the drop: once more
+                    return False
+            return True
+
+        await wait_for(drop, bool, 60, "the slot dropped")
+        write_sequence(pg_url, topic, 200, 200, per_tx=10)  # in the table, in no slot yet
+        await wait_for(lambda: caplog.text, lambda t: "is gone" in t, 60, "the drop noticed")
+        write_sequence(pg_url, topic, 400, 200, per_tx=10)
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 60, "the rest sent")
+        engine.dispose()
+    assert caplog.text.count("is gone") == 1
+    records = await assert_nothing_lost(pg_url, kafka_bootstrap, topic, set(range(600)))
+    check_order(records, 600, allow_duplicates=True)
+
+
+@pytest.fixture
+def plain_role_url(pg_url: str) -> Iterator[str]:
+    """``pg_url`` as a role with every privilege on the outbox tables but no REPLICATION."""
+    role = "r22_" + uuid.uuid4().hex[:10]
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'secret-{role}'"))
+        conn.execute(text(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+    url = make_url(pg_url).set(username=role, password=f"secret-{role}")
+    yield url.render_as_string(hide_password=False)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP OWNED BY {role}"))
+        conn.execute(text(f"DROP ROLE {role}"))
+    engine.dispose()
+
+
+async def test_a_role_without_replication_gets_one_line_and_exit_2_from_drain(
+    plain_role_url: str, kafka_bootstrap: str
+) -> None:
+    args = ["--db-url", plain_role_url, "--bootstrap", kafka_bootstrap, "--mode", "logical"]
+    result = await cli("relay", *args, "--drain")  # in-process: the command's time, no import
+    assert result.code == 2, result.err
+    assert result.seconds < 10
+    line = result.error_line()
+    assert "has no REPLICATION attribute" in line and "secret" not in line
+
+
+async def test_a_long_running_relay_without_replication_waits_named_by_readyz(
+    plain_role_url: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    relay = relay_for(plain_role_url, kafka_bootstrap)
+    async with relay:
+        await wait_for(
+            lambda: relay.readiness.ready()[1].get("not_ready", {}),
+            lambda problems: "REPLICATION" in problems.get("replication", ""),
+            60,
+            "/readyz naming the cause",
+        )
+        began = time.monotonic()
+        assert relay.logical is not None
+        first = relay.logical.refused_attempts
+        await asyncio.sleep(6)  # the time attempts are counted over
+        attempts = relay.logical.refused_attempts - first
+        elapsed = time.monotonic() - began
+    assert not relay.readiness.ready()[0]
+    # Growing pauses (0.2 s doubling, capped at 10 s, jittered): a handful, not 6.7 a second.
+    assert 1 <= attempts <= 12, f"{attempts} attempts in {elapsed:.1f} s"
+    assert caplog.text.count("cannot stream") == 1
+
+
+async def test_drain_ends_in_one_line_when_kafka_is_unreachable_with_nothing_to_publish(
+    pg_url: str,
+) -> None:
+    args = ["relay", "--db-url", pg_url, "--bootstrap", "127.0.0.1:1", "--drain"]
+    result = await cli(*args, "--request-timeout-ms", "2000")
+    assert result.code == 2, result.err
+    assert "kafka at 127.0.0.1:1 unreachable" in result.error_line()
+    assert result.seconds < 10
+
+
+async def test_drain_gives_up_after_its_timeout(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    engine = make_engine(pg_url)
+    with Session(engine) as session, session.begin():  # refused by Kafka, retried for minutes
+        Outbox(default_topic=topic).add(session, new_event("big", "/t", {"fill": "x" * 8000}))
+    engine.dispose()
+    args = ["relay", "--db-url", pg_url, "--bootstrap", kafka_bootstrap, "--drain"]
+    args += ["--max-request-size", "1024", "--timeout", "3s"]
+    result = await asyncio.to_thread(cli_process, *args, timeout=120)
+    assert result.code == 2, result.err
+    assert "not drained within --timeout 3 s" in result.err.strip().splitlines()[-1]
+
+
+async def test_a_standby_facing_a_held_slot_backs_off(pg_url: str, kafka_bootstrap: str) -> None:
+    await make_slot(pg_url, kafka_bootstrap)
+    engine = make_engine(pg_url)
+    with engine.connect() as conn:
+        slot = conn.scalar(
+            text("SELECT slot_name FROM pg_replication_slots WHERE database = current_database()")
+        )
+    engine.dispose()
+    # Another session holds the slot, as a killed relay's session does until the server
+    # notices: the relay's START_REPLICATION is refused while it lasts.
+    holder = psycopg2.connect(
+        listen_dsn(pg_url), connection_factory=psycopg2.extras.LogicalReplicationConnection
+    )
+    try:
+        holder.cursor().start_replication(
+            slot_name=slot,
+            decode=False,
+            options={"proto_version": "1", "publication_names": PUBLICATION},
+        )
+        relay = relay_for(pg_url, kafka_bootstrap)
+        async with relay:
+            await wait_for(
+                lambda: relay.logical is not None and relay.logical.replication.failures,
+                bool,
+                60,
+                "the first refusal",
+            )
+            assert relay.logical is not None
+            first = relay.logical.replication.failures
+            await asyncio.sleep(6)  # the time attempts are counted over
+            attempts = relay.logical.replication.failures - first
+            assert "replication" in relay.readiness.ready()[1]["not_ready"]
+    finally:
+        holder.close()
+    assert 1 <= attempts <= 12, f"{attempts} attempts in 6 s"
