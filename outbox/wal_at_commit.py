@@ -17,7 +17,6 @@ from typing import Any
 from weakref import WeakSet
 
 from outboxkit.outbox.wal_message import EMIT, PREFIX
-from psycopg.sql import Literal
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -69,6 +68,8 @@ def _commit(connection: Connection) -> None:
     pending: list[bytes] | None = connection.info.pop(_PENDING, None)
     if pending is None:
         return
+    from psycopg.sql import Literal  # only a psycopg 3 connection gets here (can_defer)
+
     dbapi_connection: Any = connection.connection.dbapi_connection
     # One simple-protocol query, the messages as quoted literals then COMMIT: one round trip
     # and one parse (measured 0.04-0.05 ms a transaction cheaper than the same statements in a

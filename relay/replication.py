@@ -26,8 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg2
-import psycopg2.extras
+from outboxkit.outbox.extras import LOGICAL, require
 from outboxkit.outbox.notify import listen_dsn
 from outboxkit.relay.pgoutput import Decoder, Transaction
 from sqlalchemy.engine import URL
@@ -58,6 +57,7 @@ class SlotStream:
         status_interval_s: float = 1.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
+        require("psycopg2.extras", LOGICAL, "the logical relay's stream reader")
         self._dsn = listen_dsn(db_url)
         self._slot = slot
         self._publication = publication
@@ -138,6 +138,8 @@ class SlotStream:
                 self._loop_call(self._on_data)
 
     def _run(self) -> None:
+        import psycopg2.extras  # present: __init__ required it
+
         connection = None
         try:
             connection = psycopg2.connect(
