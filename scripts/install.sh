@@ -20,7 +20,7 @@ else
 fi
 echo "installing outboxkit ($TARGET) into $VENV"
 # One line a package (pip's "Collecting"), its errors on stderr; pipefail keeps pip's exit code.
-"$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$TARGET" \
+PYTHONUNBUFFERED=1 "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$TARGET" \
   | { grep -E --line-buffered '^(Collecting|Successfully installed)' | sed -u 's/^/  /' || true; }
 if [ "$EXTRAS" != base ]; then
   # uv: scripts/ci-lanes.sh resolves the lowest allowed versions with it (--resolution lowest-direct).
