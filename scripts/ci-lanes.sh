@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh >/dev/null
-UV="$VENV/bin/uv"
+UV="$VENV/bin/uv" # from the test extras
 LANES=("$@")
 [ ${#LANES[@]} -gt 0 ] || LANES=(lowest py3.11 py3.12 py3.13)
 OUTBOXKIT_TEST_PG_URL="${OUTBOXKIT_TEST_PG_URL:-$(bash scripts/start-postgres.sh)}"
@@ -32,7 +32,7 @@ make_lane_venv() { # $1 lane name, $2 python, $3... uv pip install options
   local dir="build/lanes/$1" python="$2"
   shift 2
   rm -rf "$dir"
-  "$UV" venv -q --python "$python" "$dir"
+  "$UV" venv -q --seed --python "$python" "$dir" # --seed: pip, which tests/test_packaging.py uses
   "$UV" pip install -q --python "$dir/bin/python" "$@" -e ".[test]"
   echo "$dir/bin/python"
 }

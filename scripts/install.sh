@@ -19,11 +19,7 @@ else
   TARGET=".[$EXTRAS]"
 fi
 echo "installing outboxkit ($TARGET) into $VENV"
-# One line a package (pip's "Collecting"), its errors on stderr; pipefail keeps pip's exit code.
+# A line a step and a package (pip's "Collecting"), errors on stderr; pipefail keeps pip's code.
 PYTHONUNBUFFERED=1 "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$TARGET" \
-  | { grep -E --line-buffered '^(Collecting|Successfully installed)' | sed -u 's/^/  /' || true; }
-if [ "$EXTRAS" != base ]; then
-  # uv: scripts/ci-lanes.sh resolves the lowest allowed versions with it (--resolution lowest-direct).
-  "$PY" -m pip install -q --disable-pip-version-check uv
-fi
+  | { grep -E --line-buffered '^ *(Obtaining|Installing|Building|Collecting|Successfully installed)' | sed -u 's/^/  /' || true; }
 "$PY" -c "from outboxkit.testing.kafka import fetch_jars; print('kafka jars:', fetch_jars(quiet=False))"
