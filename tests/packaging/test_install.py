@@ -21,6 +21,8 @@ from tests.support import REPO
 from tests.support.kafka import wait_for
 
 EVENTS = 12
+# Building the sdist and the wheel and installing it take minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(1200)
 DRIVERS = ("asyncpg", "psycopg", "psycopg2")
 
 
@@ -47,7 +49,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     dist = root / "dist"
     # The sdist first, then the wheel built from it: what a user's pip does with the sdist.
     subprocess.run(
-        [sys.executable, "-m", "build", "-q", "--outdir", str(dist), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "-q",
+            "--installer",
+            "uv",
+            "--outdir",
+            str(dist),
+            str(REPO),
+        ],
         check=True,
         capture_output=True,
         timeout=600,
@@ -172,7 +184,6 @@ async def invoice(event: CloudEvent, session: AsyncSession) -> None:
 """
 
 
-@pytest.mark.timeout(600)
 async def test_the_installed_cli_runs_the_pipeline_on_sqlite(
     installed: Installed, tmp_path: Path, kafka_bootstrap: str, topic: str
 ) -> None:
