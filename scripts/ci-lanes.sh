@@ -7,6 +7,7 @@
 # and started PostgreSQL. `bash scripts/ci-lanes.sh lowest py3.13` runs only those lanes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+STOCK_PYTHON=$(command -v python3) # the lowest lane's interpreter: the one on PATH, not .venv's
 source scripts/venv.sh >/dev/null
 UV="$VENV/bin/uv" # from the test extras
 LANES=("$@")
@@ -43,7 +44,7 @@ for lane in "${LANES[@]}"; do
   echo "== lane $lane"
   case "$lane" in
     lowest)
-      lane_py=$(make_lane_venv lowest "$(command -v python3)" --resolution lowest-direct)
+      lane_py=$(make_lane_venv lowest "$STOCK_PYTHON" --resolution lowest-direct)
       "$UV" pip list --python "$lane_py" | grep -iE '^(sqlalchemy|typer|alembic|pydantic|aiokafka|asyncpg|psycopg) '
       "$lane_py" -m pytest "${FAST[@]}"
       "$lane_py" -m pytest "${SMOKE[@]}"
