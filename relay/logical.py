@@ -37,7 +37,7 @@ from outboxkit.relay import metrics
 from outboxkit.relay.claims import PENDING, ClaimedRow, Failure, claimed_rows
 from outboxkit.relay.pgoutput import Decoder, Transaction
 from outboxkit.relay.publisher import KafkaUnavailable
-from outboxkit.relay.replication import SlotStream
+from outboxkit.relay.replication import SlotStream, require_driver
 from outboxkit.relay.slot import PUBLICATION, Slot, default_slot_name, require_logical
 from outboxkit.relay.waiting import DATABASE_ERRORS, sleep_unless, wait_any
 from sqlalchemy import func, select
@@ -106,6 +106,8 @@ class LogicalStream:
         """Relay until ``stop`` is set (or, draining, until nothing is left)."""
         relay = self.relay
         await require_logical(relay.engine)
+        if self.options.logical_reader == "stream":
+            require_driver()  # refused at start, in one line, rather than retried as an outage
         if self.slot is None:
             name = self.options.slot_name
             if name is None:

@@ -34,6 +34,13 @@ from sqlalchemy.engine import URL
 log = logging.getLogger("outboxkit.relay")
 
 
+def require_driver() -> None:
+    """Raise :class:`~outboxkit.outbox.extras.MissingExtraError` unless psycopg2 is installed."""
+    require(
+        "psycopg2.extras", LOGICAL, "the logical relay's stream reader (not --logical-reader sql)"
+    )
+
+
 class StreamLost(ConnectionError):
     """The replication connection failed or ended; the relay treats it as a database outage
     (retried with backoff) and streams again from the slot's confirmed position."""
@@ -57,7 +64,7 @@ class SlotStream:
         status_interval_s: float = 1.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        require("psycopg2.extras", LOGICAL, "the logical relay's stream reader")
+        require_driver()
         self._dsn = listen_dsn(db_url)
         self._slot = slot
         self._publication = publication
