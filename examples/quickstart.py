@@ -135,9 +135,12 @@ async def consume(db_url: str, bootstrap: str, records: list) -> None:
     runtime = ConsumerRuntime(billing, kafka=KafkaSettings(bootstrap=bootstrap), db_url=db_url)
     running = asyncio.create_task(runtime.run())
     try:
-        await _until(
-            lambda: count_rows_async(db_url, invoices), len(records).__eq__, runtime, running
-        )
+
+        async def invoiced() -> tuple[int, int]:
+            return await count_rows_async(db_url, invoices), runtime.stats.applied
+
+        # the stats count an event once its transaction committed: both, not just the rows
+        await _until(invoiced, (len(records), len(records)).__eq__, runtime, running)
         print(
             f"billing consumer applied {runtime.stats.applied} events: "
             f"{await count_rows_async(db_url, invoices)} invoices"
