@@ -7,7 +7,11 @@ import threading
 
 import typer
 from outboxkit.cli import signals
-from outboxkit.testing.kafka import SECURITY_MODES, KafkaBroker
+from outboxkit.cli.errors import CliError
+from outboxkit.testing.kafka import SECURITY_MODES, KafkaBroker, KafkaLauncherError
+
+# How often the command checks that its broker still runs (a dead one ends it with exit 2).
+WATCH_INTERVAL_S = 1.0
 
 dev_app = typer.Typer(help="Development helpers.", no_args_is_help=True)
 
@@ -41,15 +45,32 @@ def dev_kafka(
     if signals.requested():
         return  # stopped while starting up (main() held the signals): exit 0, no broker
     broker = KafkaBroker(port=port or None, auto_create_topics=auto_create_topics, security=mode)
-    broker.start()
-    typer.echo(f"ready: {broker.bootstrap}", err=False)
-    if mode is not None:
-        for line in client_exports(broker):
-            typer.echo(line)
+    failed = False
     try:
-        stop.wait()
+        try:
+            broker.start()
+        except KafkaLauncherError as error:
+            failed = True
+            raise CliError(f"dev kafka: {_first_line(error)}") from None
+        typer.echo(f"ready: {broker.bootstrap}", err=False)
+        if mode is not None:
+            for line in client_exports(broker):
+                typer.echo(line)
+        while not stop.wait(WATCH_INTERVAL_S):
+            if broker.exit_code is not None:
+                failed = True
+                raise CliError(
+                    f"dev kafka: the broker exited with {broker.exit_code}; see {broker.log_file}"
+                )
     finally:
-        broker.close()
+        broker.stop()
+        if not (failed and broker.log_file.exists()):  # a failed broker's log stays to be read
+            broker.close()
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0].rstrip(":") if lines else type(error).__name__
 
 
 def client_exports(broker: KafkaBroker) -> list[str]:

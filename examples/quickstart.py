@@ -135,10 +135,15 @@ async def consume(db_url: str, bootstrap: str, records: list) -> None:
     runtime = ConsumerRuntime(billing, kafka=KafkaSettings(bootstrap=bootstrap), db_url=db_url)
     running = asyncio.create_task(runtime.run())
     try:
-        await _until(lambda: count_rows(db_url, invoices) == len(records), runtime, running)
+
+        async def invoiced() -> tuple[int, int]:
+            return await count_rows_async(db_url, invoices), runtime.stats.applied
+
+        # the stats count an event once its transaction committed: both, not just the rows
+        await _until(invoiced, (len(records), len(records)).__eq__, runtime, running)
         print(
             f"billing consumer applied {runtime.stats.applied} events: "
-            f"{count_rows(db_url, invoices)} invoices"
+            f"{await count_rows_async(db_url, invoices)} invoices"
         )
         duplicate = records[0]
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -149,26 +154,40 @@ async def consume(db_url: str, bootstrap: str, records: list) -> None:
             )
         finally:
             await producer.stop()
-        await _until(lambda: runtime.stats.duplicates == 1, runtime, running)
+        await _until(_stat(runtime, "duplicates"), (1).__eq__, runtime, running)
         print(
             f"the first record delivered again: skipped by the inbox "
             f"(duplicates={runtime.stats.duplicates}); invoices still "
-            f"{count_rows(db_url, invoices)}"
+            f"{await count_rows_async(db_url, invoices)}"
         )
     finally:
         await runtime.stop()
         await running
 
 
-async def _until(condition, runtime: ConsumerRuntime, running: asyncio.Task) -> None:
-    deadline = time.monotonic() + 60
-    while not condition():
+def _stat(runtime: ConsumerRuntime, name: str):
+    async def read() -> int:
+        return getattr(runtime.stats, name)
+
+    return read
+
+
+async def _until(probe, done, runtime: ConsumerRuntime, running: asyncio.Task) -> None:
+    # Generous for a loaded machine; the consumer usually gets there within a second or two.
+    deadline = time.monotonic() + 180
+    while not done(await probe()):
         if running.done():
             running.result()
             raise RuntimeError("the consumer stopped early")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the consumer did not get there in 60 s: {runtime.stats}")
+            raise TimeoutError(f"the consumer did not get there in 180 s: {runtime.stats}")
         await asyncio.sleep(0.1)
+
+
+async def count_rows_async(db_url: str, table: Table) -> int:
+    """Rows in ``table``, read in a thread: a blocking read in the event loop would wait on
+    SQLite's lock while the consumer holding it, on the same loop, cannot finish."""
+    return await asyncio.to_thread(count_rows, db_url, table)
 
 
 def count_rows(db_url: str, table: Table) -> int:

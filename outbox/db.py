@@ -22,6 +22,7 @@ from outboxkit.outbox.errors import (
     NotMigratedError,
     UnsupportedDatabaseError,
 )
+from outboxkit.outbox.extras import POSTGRES, require
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
@@ -190,7 +191,10 @@ def asyncpg_connect_args(url: str | URL) -> dict[str, Any]:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
-    engine = create_engine(sync_url(url), **kwargs)
+    url = sync_url(url)
+    if url.startswith("postgresql+psycopg:"):
+        require("psycopg", POSTGRES, "PostgreSQL")
+    engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         _use_immediate_transactions(engine)
     return engine
@@ -203,7 +207,10 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     and the relay's LISTEN connection reads them from there); each connection gets them
     translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL.
     """
-    engine = create_async_engine(async_url(url), **kwargs)
+    url = async_url(url)
+    if url.startswith("postgresql+asyncpg:"):
+        require("asyncpg", POSTGRES, "PostgreSQL")
+    engine = create_async_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         _use_immediate_transactions(engine.sync_engine)
     elif engine.dialect.name == "postgresql":

@@ -12,12 +12,18 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import asyncpg
 from outboxkit.outbox.db import TLS_PARAMETERS, asyncpg_connect_args, pg_tls
+from outboxkit.outbox.extras import POSTGRES, require
 from sqlalchemy.engine import URL, make_url
 
-LISTEN_ERRORS: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, TimeoutError)
-"""What connecting and listening may raise when the server cannot be reached or refuses."""
+
+class ListenRefusedError(ConnectionError):
+    """The server refused the LISTEN connection (asyncpg's error, kept as ``__cause__``)."""
+
+
+LISTEN_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+"""What connecting and listening may raise when the server cannot be reached or refuses
+(a refusal is a :class:`ListenRefusedError`, so asyncpg is imported only where it is used)."""
 
 
 @asynccontextmanager
@@ -33,9 +39,13 @@ async def listening(
     Yields an event that is set if the connection is lost (no more notifications then). Raises
     one of :data:`LISTEN_ERRORS` if the connection cannot be made.
     """
-    connection = await asyncpg.connect(
-        listen_dsn(db_url), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
-    )
+    asyncpg = require("asyncpg", POSTGRES, "LISTEN/NOTIFY")
+    try:
+        connection = await asyncpg.connect(
+            listen_dsn(db_url), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
+        )
+    except asyncpg.PostgresError as error:
+        raise ListenRefusedError(str(error)) from error
     try:
         lost = asyncio.Event()
         connection.add_termination_listener(lambda _connection: lost.set())
@@ -43,7 +53,10 @@ async def listening(
         def deliver(_connection: Any, _pid: int, _channel: str, payload: str) -> None:
             on_notify(payload)
 
-        await connection.add_listener(channel, deliver)
+        try:
+            await connection.add_listener(channel, deliver)
+        except asyncpg.PostgresError as error:
+            raise ListenRefusedError(str(error)) from error
         yield lost
     finally:
         await asyncio.shield(_close(connection))
@@ -62,8 +75,10 @@ def listen_dsn(db_url: str | URL) -> str:
     return url.render_as_string(hide_password=False)
 
 
-async def _close(connection: asyncpg.Connection) -> None:
+async def _close(connection: Any) -> None:
+    import asyncpg
+
     try:
         await asyncio.wait_for(connection.close(), 5)
-    except LISTEN_ERRORS:
+    except (*LISTEN_ERRORS, asyncpg.PostgresError):
         connection.terminate()

@@ -25,7 +25,6 @@ from typing import Any
 from weakref import WeakSet
 
 from outboxkit.outbox.wal_message import PREFIX
-from psycopg.sql import Literal
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -85,6 +84,8 @@ def _before_savepoint(connection: Connection, name: str | None) -> None:
 
 def _send(connection: Connection, pending: list[bytes], then: bytes) -> None:
     """Execute the ``pending`` messages, then the statement ``then``, in one query."""
+    from psycopg.sql import Literal  # only a psycopg 3 connection gets here (can_defer)
+
     dbapi_connection: Any = connection.connection.dbapi_connection
     # One simple-protocol query, the messages as quoted literals then COMMIT: one round trip
     # and one parse (measured 0.04-0.05 ms a transaction cheaper than the same statements in a

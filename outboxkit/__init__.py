@@ -14,7 +14,14 @@ start-up installs signal handlers before anything heavy, does not import them al
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__: str = version("outboxkit")
+    """The installed distribution's version (pyproject.toml's ``version``)."""
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from outboxkit.actions import ActionStore, State, operation_key, run_action

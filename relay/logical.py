@@ -39,7 +39,7 @@ from outboxkit.relay import catch_up, metrics
 from outboxkit.relay.claims import PENDING, ClaimedRow, Failure, claimed_rows
 from outboxkit.relay.pgoutput import Decoder, Message, Transaction
 from outboxkit.relay.publisher import KafkaUnavailable
-from outboxkit.relay.replication import SlotStream, StreamLost
+from outboxkit.relay.replication import SlotStream, StreamLost, require_driver
 from outboxkit.relay.slot import (
     PUBLICATION,
     Slot,
@@ -138,6 +138,8 @@ class LogicalStream:
         while self.slot is None and not stop.is_set():
             try:  # a database down at start is an outage like any other: retried
                 await require_logical(relay.engine)
+                if self.options.logical_reader == "stream":
+                    require_driver()  # refused at start, in one line, not retried as an outage
                 name = self.options.slot_name
                 if name is None:
                     async with relay.engine.connect() as conn:

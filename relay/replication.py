@@ -26,13 +26,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg2
-import psycopg2.extras
+from outboxkit.outbox.extras import LOGICAL, require
 from outboxkit.outbox.notify import listen_dsn
 from outboxkit.relay.pgoutput import Decoder, Transaction
 from sqlalchemy.engine import URL
 
 log = logging.getLogger("outboxkit.relay")
+
+
+def require_driver() -> None:
+    """Raise :class:`~outboxkit.outbox.extras.MissingExtraError` unless psycopg2 is installed."""
+    require(
+        "psycopg2.extras", LOGICAL, "the logical relay's stream reader (not --logical-reader sql)"
+    )
 
 
 class StreamLost(ConnectionError):
@@ -58,6 +64,7 @@ class SlotStream:
         status_interval_s: float = 1.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
+        require_driver()
         self._dsn = listen_dsn(db_url)
         self._slot = slot
         self._publication = publication
@@ -139,6 +146,8 @@ class SlotStream:
                 self._loop_call(self._on_data)
 
     def _run(self) -> None:
+        import psycopg2.extras  # present: __init__ required it
+
         connection = None
         try:
             connection = psycopg2.connect(

@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# Installs outboxkit with its test extras and fetches the Apache Kafka broker jars (once).
+# Installs outboxkit into the project virtualenv (.venv, made by scripts/venv.sh) and fetches the
+# Apache Kafka broker jars (once). `bash scripts/install.sh` installs the test extras (what the
+# suite needs); `bash scripts/install.sh base` only what the quick start needs (SQLite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# javac too: tests/interop compiles a small program against the CloudEvents Java SDK.
-if ! command -v javac >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+EXTRAS="${1:-test}"
+source scripts/venv.sh
+# A JDK and Maven: the broker runs on Java 17, mvn fetches its jars; javac too: tests/interop
+# compiles a small program against the CloudEvents Java SDK.
+if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1 \
+  || { [ "$EXTRAS" != base ] && ! command -v javac >/dev/null 2>&1; }; then
+  echo "installing openjdk-17-jdk-headless and maven (apt)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
 fi
 # The console's browser tests (tests/console/test_browser.py): Debian's headless Chromium.
-command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
-python3 -c "from outboxkit.testing.kafka import fetch_jars; print('kafka jars:', fetch_jars())"
+if [ "$EXTRAS" != base ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium and chromium-driver (apt)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+if [ "$EXTRAS" = base ]; then
+  TARGET="."
+else
+  TARGET=".[$EXTRAS]"
+fi
+echo "installing outboxkit ($TARGET) into $VENV"
+# A line a step and a package (pip's "Collecting"), errors on stderr; pipefail keeps pip's code.
+PYTHONUNBUFFERED=1 "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$TARGET" \
+  | { grep -E --line-buffered '^ *(Obtaining|Installing|Building|Collecting|Successfully installed)' | sed -u 's/^/  /' || true; }
+"$PY" -c "from outboxkit.testing.kafka import fetch_jars; print('kafka jars:', fetch_jars(quiet=False))"

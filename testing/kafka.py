@@ -92,6 +92,16 @@ def free_port() -> int:
         return port
 
 
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on (or holds) ``port`` on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _cluster_id() -> str:
     while True:
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -257,9 +267,12 @@ class KafkaBroker:
         """Start the broker and return once it answers a metadata request."""
         if self._process is not None:
             raise KafkaLauncherError("broker already running")
-        libs = fetch_jars()
         if shutil.which("java") is None:
             raise KafkaLauncherError("java is not installed: Kafka needs Java 17")
+        for port in (self.port, self.controller_port, self.internal_port):
+            if port is not None and not port_is_free(port):
+                raise KafkaLauncherError(f"port {port} on 127.0.0.1 is already in use")
+        libs = fetch_jars()
         config = self._write_config()
         classpath = f"{libs}/*"
         log_option = f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}"
@@ -312,11 +325,17 @@ class KafkaBroker:
                 raise KafkaLauncherError(
                     f"broker exited with {self._process.returncode}; see {self.log_file}"
                 )
-            if _metadata_ok_blocking(self.kafka):
+            if _metadata_ok_blocking(self.kafka) and self.exit_code is None:
                 return
             time.sleep(0.3)
         self.stop()
         raise KafkaLauncherError(f"broker not ready after {timeout:.0f}s; see {self.log_file}")
+
+    @property
+    def exit_code(self) -> int | None:
+        """The broker process's exit code once it has ended, else ``None`` (running, or never
+        started)."""
+        return None if self._process is None else self._process.poll()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker with SIGTERM (SIGKILL after ``timeout``); the data dir stays."""

@@ -8,9 +8,13 @@ tests both come this way: a small pom, ``mvn dependency:copy-dependencies`` into
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+
+# "Downloaded from central: https://.../kafka_2.13-4.1.2.jar (6.6 MB at 2.1 MB/s)"
+_DOWNLOADED = re.compile(r"Downloaded from \S+: \S+/(?P<file>[^/\s]+) \((?P<size>[^)]*)\)")
 
 
 class MavenError(RuntimeError):
@@ -46,8 +50,28 @@ def copy_dependencies(folder: Path, pom: str, *, quiet: bool = True) -> Path:
         "-DincludeScope=runtime",
         f"-DoutputDirectory={libs}",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise MavenError(f"mvn failed to fetch the jars of {pom_file}:\n{result.stdout[-3000:]}")
+    if quiet:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        code, output = result.returncode, result.stdout
+    else:
+        print(f"fetching jars from Maven Central into {libs} (once)", flush=True)
+        code, output = _run_showing_downloads(command)
+    if code != 0:
+        raise MavenError(f"mvn failed to fetch the jars of {pom_file}:\n{output[-3000:]}")
     marker.touch()
     return libs
+
+
+def _run_showing_downloads(command: list[str]) -> tuple[int, str]:
+    """Run ``command``, printing one line per file downloaded; return its code and output."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            found = _DOWNLOADED.search(line)
+            if found:
+                print(f"  {found['file']} {found['size']}", flush=True)
+    return process.returncode, "".join(lines[-200:])
