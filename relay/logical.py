@@ -556,7 +556,7 @@ class LogicalStream:
                 {"slot": name},
             )
         log.info("slot %s: streaming from %s", name, confirmed)
-        relay.readiness.mark_stage(None)
+        relay.readiness.mark_stage(f"streaming slot {name}")
         self._streamed = True
 
     async def _publish_caught_up(self, rows: list[ClaimedRow]) -> list[int]:
