@@ -19,7 +19,7 @@ import asyncio
 import time
 import uuid
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events
@@ -58,13 +58,16 @@ def left_in_table(url: str) -> int:
 
 
 async def records_on(bootstrap: str, topic: str) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        metadata = await producer.client.fetch_all_metadata()
+    finally:
+        await producer.stop()
+    partitions = metadata.partitions_for_topic(topic) or set()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer.topics()
-            partitions = consumer.partitions_for_topic(topic) or set()
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
         return sum(ends.values())
     finally:
