@@ -22,6 +22,7 @@ then the slot decodes them too. The catch-up remembers the ids of that window it
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -149,17 +150,23 @@ class CatchUp:
         started = time.monotonic()
         next_renewal = started + self.renew_every_s
         next_report = started + PROGRESS_EVERY_S
-        published, cursor = 0, 0
-        while True:
+        published = 0
+
+        async def after(cursor: int) -> list[ClaimedRow]:
+            async with self.engine.connect() as conn:
+                return claimed_rows((await conn.execute(read.where(rows.id > cursor))).all())
+
+        batch = await after(0)
+        while batch:
             if time.monotonic() >= next_renewal:
                 await self.keep_leases()
                 next_renewal = time.monotonic() + self.renew_every_s
-            async with self.engine.connect() as conn:
-                batch = claimed_rows((await conn.execute(read.where(rows.id > cursor))).all())
-            if not batch:
-                break
-            cursor = batch[-1].id
-            ids = await self.publish(batch)
+            # The next batch is read while this one is in flight (keyset: past its last id).
+            sending = asyncio.ensure_future(self.publish(batch))
+            try:
+                next_batch = await after(batch[-1].id)
+            finally:
+                ids = await sending
             self.overlap.update(row_id for row_id in ids if row_id > state.after_id)
             published += len(ids)
             self.on_progress(published, left)
@@ -173,6 +180,7 @@ class CatchUp:
                     left,
                     published / max(1e-9, time.monotonic() - started),
                 )
+            batch = next_batch
         await finish(self.engine, self.slot)
         log.info(
             "catch-up of slot %s done: %d rows published in %.1f s",

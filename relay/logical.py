@@ -558,7 +558,7 @@ class LogicalStream:
                 {"slot": name},
             )
         log.info("slot %s: streaming from %s", name, confirmed)
-        relay.readiness.mark_stage(None)
+        relay.readiness.mark_stage(f"streaming slot {name}")
         self._streamed = True
 
     async def _publish_caught_up(self, rows: list[ClaimedRow]) -> list[int]:
@@ -658,10 +658,19 @@ def _rows(
         return []
     try:
         all_headers = json.loads("[" + ",".join(values[3] for values in wanted) + "]")
-        if not all(_valid_headers(headers) for headers in all_headers):
-            raise ValueError("headers are not an object of strings")
-    except ValueError:  # rare: find the message with bad headers (rows are written by us)
+        return _with_headers(wanted, all_headers, header_cache)
+    except (ValueError, AttributeError, TypeError):
+        # Rare: a WAL message's headers are no JSON object of strings (rows are written by
+        # the outbox itself). Find it, and build the rest.
         wanted, all_headers = _readable_headers(wanted, unreadable)
+        return _with_headers(wanted, all_headers, header_cache)
+
+
+def _with_headers(
+    wanted: list[tuple[Any, ...]],
+    all_headers: list[Any],
+    header_cache: dict[tuple[str, str], tuple[str, bytes]],
+) -> list[ClaimedRow]:
     rows: list[ClaimedRow] = []
     append = rows.append
     cache_get = header_cache.get
@@ -686,7 +695,9 @@ def _rows(
 
 
 def _valid_headers(headers: object) -> bool:
-    return isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
+    return isinstance(headers, dict) and all(
+        isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
+    )
 
 
 def _readable_headers(

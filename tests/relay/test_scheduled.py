@@ -89,7 +89,7 @@ async def test_a_scheduled_event_waits_for_its_time_without_holding_back_its_key
         due = await write_async(db_url, topic, ("timer", "k", 2.5))
         await write_async(db_url, topic, ("approval", "k", None))  # same key
         marks = await wait_for(
-            lambda: marks_of(db_url), lambda m: "approval" in m, 10, "the approval"
+            lambda: marks_of(db_url), lambda m: "approval" in m, 60, "the approval"
         )
         timer_due = due["timer"]
         assert timer_due is not None
@@ -99,7 +99,7 @@ async def test_a_scheduled_event_waits_for_its_time_without_holding_back_its_key
         assert ids_of(early) == ["approval"]
         assert await db_now(db_url) < timer_due, "once the timer is due the read proves nothing"
 
-        marks = await wait_for(lambda: marks_of(db_url), lambda m: "timer" in m, 10, "timer")
+        marks = await wait_for(lambda: marks_of(db_url), lambda m: "timer" in m, 60, "timer")
         assert marks["timer"] >= timer_due
     records = await read_topic(kafka_bootstrap, topic, expected=2)
     assert ids_of(records) == ["approval", "timer"]
@@ -129,7 +129,7 @@ async def test_due_events_of_one_key_go_in_due_order_then_write_order(
         )
     engine.dispose()
     latest = max(v for v in due.values() if v is not None)
-    await wait_for(lambda: db_now(db_url), lambda now: now > latest, 10, "all due")
+    await wait_for(lambda: db_now(db_url), lambda now: now > latest, 60, "all due")
     write(db_url, topic, ("last", "k", None), ("past", "k", -5.0))  # past means now
 
     relay = Relay(db_url=db_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), options=FAST)
@@ -169,12 +169,12 @@ async def test_a_restarted_relay_publishes_each_pending_timer_once_when_due(
     first = Relay(db_url=db_url, kafka=kafka, options=FAST)
     await first.start()
     due = await write_async(db_url, topic, *timers)
-    await wait_for(lambda: marks_of(db_url), lambda m: len(m) >= 3, 10, "some timers")
+    await wait_for(lambda: marks_of(db_url), lambda m: len(m) >= 3, 60, "some timers")
     await first.stop()  # some published, the rest still pending
     published_first = first.stats.published
     assert 3 <= published_first < 10
     async with Relay(db_url=db_url, kafka=kafka, options=FAST) as second:
-        marks = await wait_for(lambda: marks_of(db_url), lambda m: len(m) == 10, 15, "every timer")
+        marks = await wait_for(lambda: marks_of(db_url), lambda m: len(m) == 10, 60, "every timer")
         assert second.stats.published == 10 - published_first
     assert all(marks[event_id] >= due_ms for event_id, due_ms in due.items() if due_ms)
     records = await read_topic(kafka_bootstrap, topic, expected=10)
@@ -195,7 +195,7 @@ async def test_timers_fire_soon_after_their_due_time_in_due_order_per_key(
         due: dict[str, int | None] = {}
         for chunk in range(0, 50, 10):  # a few transactions, as several writers would
             due.update(await write_async(db_url, topic, *timers[chunk : chunk + 10]))
-        await wait_for(lambda: marks_of(db_url), lambda m: len(m) == 50, 20, "every timer")
+        await wait_for(lambda: marks_of(db_url), lambda m: len(m) == 50, 60, "every timer")
     records = await read_topic(kafka_bootstrap, topic, expected=50)
     assert len(records) == 50
     lateness_ms = []
