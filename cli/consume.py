@@ -23,7 +23,7 @@ from pathlib import Path
 
 import typer
 from outboxkit.cli import signals as early_signals
-from outboxkit.cli.errors import EXIT_OK, EXIT_STOPPED_STUCK, CliError
+from outboxkit.cli.errors import EXIT_HANDLER_INTERRUPTED, EXIT_OK, EXIT_STOPPED_STUCK, CliError
 from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
@@ -38,6 +38,7 @@ from outboxkit.cli.options import (
     settings_from,
 )
 from outboxkit.consumers.app import ConsumerApp
+from outboxkit.consumers.apply import HandlerInterrupt
 from outboxkit.consumers.errors import StopTimeoutError
 from outboxkit.consumers.metrics import RuntimeCollector
 from outboxkit.consumers.runtime import DEFAULT_STOP_TIMEOUT_S, ConsumerRuntime, serve
@@ -155,6 +156,9 @@ async def _serve(runtime: ConsumerRuntime, signals: StopSignals) -> int:
         # Handlers were cancelled, but one running in a thread cannot be: leaving asyncio.run
         # would wait for it forever. The runtime has logged what was stuck and closed.
         _exit_now(EXIT_STOPPED_STUCK)
+    except HandlerInterrupt:
+        # The runtime logged the record and closed without committing past it.
+        return EXIT_HANDLER_INTERRUPTED
     return EXIT_OK
 
 

@@ -37,7 +37,7 @@ from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs,
 from outboxkit.ops.dlq.grouping import FailureGroup, FailureGroups
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
 from outboxkit.ops.dlq.rendering import header_value, int_or_none, render_data
-from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
+from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary, Truncated
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -338,6 +338,16 @@ def replay_command(
     rate: float | None = typer.Option(None, "--rate", help="At most this many records per second."),
     force: bool = typer.Option(False, "--force", help="Republish records replayed before."),
     by: str | None = typer.Option(None, "--by", help="Who replays (default: the OS user)."),
+    fetch_original: bool = typer.Option(
+        False,
+        "--fetch-original",
+        help="Replay a truncated letter's original record, read from its source topic.",
+    ),
+    allow_truncated: bool = typer.Option(
+        False,
+        "--allow-truncated",
+        help="Replay a truncated letter as it is, under a new id, marked truncated.",
+    ),
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
@@ -353,7 +363,14 @@ def replay_command(
     wanted = _filter(
         types, sources, error_classes, since, until, from_offset, to_offset, partitions
     )
-    options = ReplayOptions(by=by or os_user(), target=to, dry_run=dry_run, rate=rate, force=force)
+    if fetch_original and allow_truncated:
+        raise CliError("give --fetch-original or --allow-truncated, not both")
+    truncated: Truncated = (
+        "original" if fetch_original else "allow" if allow_truncated else "refuse"
+    )
+    options = ReplayOptions(
+        by=by or os_user(), target=to, dry_run=dry_run, rate=rate, force=force, truncated=truncated
+    )
     settings = settings_from(db_url)
     connection = _Connection(
         kafka_from(

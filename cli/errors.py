@@ -10,6 +10,8 @@ Every command shares one table of exit codes (docs/operations.md#exit-codes):
   database URL, tables not migrated) |
 | 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
 | 4 | ``consume``: stopped with work still running (handlers past the stop deadline) |
+| 5 | ``consume``: a handler raised ``KeyboardInterrupt`` or ``SystemExit``; its record's offset
+  is not committed |
 | 70 | a bug: an unexpected exception, printed with its traceback (EX_SOFTWARE) |
 | 130 | interrupted (Ctrl-C) during a command that ends on its own |
 
@@ -31,6 +33,7 @@ EXIT_THRESHOLD = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_STOPPED_STUCK = 4
+EXIT_HANDLER_INTERRUPTED = 5
 EXIT_BUG = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130
 

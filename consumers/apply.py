@@ -98,6 +98,21 @@ class _ChunkOutcome:
     fell_back: bool = False
 
 
+class HandlerInterrupt(BaseException):
+    """A handler raised ``KeyboardInterrupt`` or ``SystemExit``: the consumer stops.
+
+    Not an :class:`Exception`, so no retry or dead-letter path takes it: the record's
+    transaction is rolled back, its partition's work ends without committing its offset, and
+    :meth:`~outboxkit.consumers.runtime.ConsumerRuntime.run` raises it (``outboxkit consume``
+    exits 5). ``where`` is ``type topic[partition]@offset``, never a payload.
+    """
+
+    def __init__(self, raised: BaseException, where: str) -> None:
+        super().__init__(f"a handler raised {type(raised).__name__} on {where}")
+        self.raised = raised
+        self.where = where
+
+
 class _HandlerFailed(Exception):
     """A handler raised in an optimistic chunk: which record (index in the batch), and what."""
 
@@ -206,6 +221,18 @@ class Applier:
                         await handler.call(session, runs[0].arguments)
                     else:
                         await handler.call_batch(session, [run.arguments for run in runs])
+            except (KeyboardInterrupt, SystemExit) as raised:
+                record = runs[0].record
+                where = (
+                    f"{runs[0].event.get_type()} {record.topic}[{record.partition}]@{record.offset}"
+                )
+                log.error(
+                    "handler %s raised %s on %s; stopping the consumer, offset not committed",
+                    handler.name,
+                    type(raised).__name__,
+                    where,
+                )
+                raise HandlerInterrupt(raised, where) from None
             except TimeoutError:
                 if not deadline.expired():
                     raise  # the handler's own TimeoutError

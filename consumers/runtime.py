@@ -21,7 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import IllegalStateError
 from outboxkit.consumers.app import ConsumerApp
-from outboxkit.consumers.apply import Applier
+from outboxkit.consumers.apply import Applier, HandlerInterrupt
 from outboxkit.consumers.dlq import DeadLetterDelivery, DeadLetterPublisher
 from outboxkit.consumers.errors import ConsumerError, StopTimeoutError, unreachable
 from outboxkit.consumers.in_flight import HandlerCall
@@ -393,6 +393,10 @@ class ConsumerRuntime:
                 if self._current(epoch):
                     self.stats.received += len(records)
                     handled = await self._process_partition(tp, records, epoch)
+        except HandlerInterrupt:
+            self._stopping = True  # like a stop: every partition ends its work, nothing resumes
+            self._wake()
+            raise
         finally:
             if not self._stopping:
                 if handled < len(records):

@@ -12,32 +12,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def read_body(receive: Receive) -> tuple[bytes, Receive]:
-    """Read the whole request body; return it and a ``receive`` that plays it to the app.
-
-    After the body, the new ``receive`` hands on to the server's (for ``http.disconnect``).
-    """
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client went away before the body ended
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    played = False
-
-    async def replay() -> Message:
-        nonlocal played
-        if not played:
-            played = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
-
-
 async def send_response(
     send: Send, status: int, headers: Sequence[tuple[str, str]], body: bytes
 ) -> None:

@@ -27,6 +27,12 @@ class Outcome(Enum):
     """The handler failed or answered 5xx: nothing stored, the claim released, a retry runs."""
     LEASE_LOST = "lease_lost"
     """The request outlived its lease and another took the key over."""
+    BODY_INCOMPLETE = "body_incomplete"
+    """The client went away before the body was complete: the handler did not run."""
+    BODY_TOO_LARGE = "body_too_large"
+    """413: the body is larger than the route's limit."""
+    BODY_TIMEOUT = "body_timeout"
+    """408: the body did not arrive within the body deadline."""
 
 
 REQUESTS = Counter(

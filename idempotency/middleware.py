@@ -19,11 +19,22 @@ See ``docs/http-idempotency.md``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from outboxkit.idempotency.asgi import ASGIApp, Message, Receive, Scope, Send, read_body
+from outboxkit.idempotency.asgi import ASGIApp, Message, Receive, Scope, Send, header_map
+from outboxkit.idempotency.bodies import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    BodyGuard,
+    BodyIncompleteError,
+    BodyRefusedError,
+    body_limit_matcher,
+    declared_length,
+    read_body,
+)
 from outboxkit.idempotency.context import CONTEXT_KEY, Decided, IdempotencyContext
 from outboxkit.idempotency.metrics import REQUESTS, Outcome
+from outboxkit.idempotency.responses import body_too_large
 from outboxkit.idempotency.routes import Routes, route_matcher
 from outboxkit.idempotency.scopes import ScopeFunction
 from outboxkit.idempotency.store import DEFAULT_LEASE_S, DEFAULT_TTL_S, Clock, IdempotencyStore
@@ -50,6 +61,13 @@ class IdempotencyMiddleware:
     ``ttl_s`` (default 24 h) is how long a key is remembered; ``lease_s`` how long a claim may
     stay in progress before another request may take the key over. ``on_outcome`` is called
     with each :class:`~outboxkit.idempotency.metrics.Outcome` (beside the Prometheus counter).
+
+    Every request body that passes through is bounded: ``max_body_bytes`` (default 1 MiB), or
+    the limit of the first matching route of ``body_limits`` (``{"POST /uploads": 50 << 20}``);
+    a larger one is refused with 413 before more than the limit is read. A body must be
+    complete within ``body_timeout_s`` (default 30 s) of its first read, else 408 and the
+    connection closed. A client that disconnects before its body is complete never reaches
+    the handler of a route that requires a key, and its key stays unclaimed.
     """
 
     def __init__(
@@ -67,6 +85,9 @@ class IdempotencyMiddleware:
         store_status: Callable[[int], bool] = default_store_status,
         clock: Clock | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        body_limits: Mapping[str, int] | None = None,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         if (engine is None) == (sessions is None):
             raise ValueError("give exactly one of engine= or sessions=")
@@ -81,6 +102,10 @@ class IdempotencyMiddleware:
         self.retry_after_s = max(1, retry_after_s)
         self.store_status = store_status
         self.on_outcome = on_outcome
+        if not body_timeout_s > 0:
+            raise ValueError("body_timeout_s must be positive")
+        self.body_limit = body_limit_matcher(max_body_bytes, body_limits)
+        self.body_timeout_s = body_timeout_s
 
     def count(self, outcome: Outcome) -> None:
         """Count an outcome in the metrics and tell ``on_outcome``."""
@@ -95,13 +120,37 @@ class IdempotencyMiddleware:
             return
         context = IdempotencyContext(self, scope)
         scope[CONTEXT_KEY] = context
+        limit = self.body_limit(scope["method"], scope["path"])
+        declared = declared_length(header_map(scope))
+        if declared is not None and declared > limit:  # refused before a byte is read
+            self.count(Outcome.BODY_TOO_LARGE)
+            await body_too_large(limit).send(send)
+            return
+        capture = _Capture(context, send)
+
+        def refused_in_app(refused: BodyRefusedError) -> None:
+            # read by the app (a route not requiring a key, or opting in): answer 413/408
+            # instead of whatever the app makes of the error, unless it has answered already
+            if not capture.started and context.decided is None:
+                context.decided = refused.answer
+                self.count(refused.outcome)
+
+        guard = BodyGuard(receive, limit, self.body_timeout_s, on_refused=refused_in_app)
+        receive = guard
         if self.requires_key(scope["method"], scope["path"]):
-            body, receive = await read_body(receive)
+            try:
+                body, receive = await read_body(guard)
+            except BodyIncompleteError:
+                self.count(Outcome.BODY_INCOMPLETE)
+                return  # nobody to answer: the handler does not run, the key stays unclaimed
+            except BodyRefusedError:
+                assert context.decided is not None
+                await context.decided.send(send)
+                return
             answer = await context.claim(body)
             if answer is not None:
                 await answer.send(send)
                 return
-        capture = _Capture(context, send)
         try:
             await self.app(scope, receive, capture.send)
         except BaseException as error:
@@ -111,6 +160,7 @@ class IdempotencyMiddleware:
             if not isinstance(error, Decided):
                 log.warning("the app failed after an idempotency answer: %s", type(error).__name__)
         if context.decided is not None:  # an in-app opt-in said "do not run the handler"
+            await context.abort()
             await context.decided.send(send)
             return
         if not context.claimed:
@@ -129,6 +179,7 @@ class _Capture:
         self.context = context
         self.downstream = send
         self.passthrough: bool | None = None
+        self.started = False  # a response went downstream already
         self.status: int | None = None
         self.headers: list[tuple[str, str]] = []
         self.body: list[bytes] = []
@@ -139,6 +190,7 @@ class _Capture:
         if self.passthrough is None and message["type"] == "http.response.start":
             self.passthrough = not self.context.claimed
         if self.passthrough is not False:
+            self.started = True
             await self.downstream(message)
             return
         if message["type"] == "http.response.start":

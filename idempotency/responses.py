@@ -85,6 +85,22 @@ def lease_lost(retry_after_s: int) -> Answer:
     return _with_retry_after(answer, retry_after_s)
 
 
+def body_too_large(limit: int) -> Answer:
+    """413: the request body is larger than the route accepts; the connection is closed."""
+    answer = problem(
+        413, "Content too large", f"The request body is larger than this endpoint's {limit} bytes."
+    )
+    return Answer(answer.status, [*answer.headers, ("connection", "close")], answer.body)
+
+
+def body_timeout(timeout_s: float) -> Answer:
+    """408: the request body did not arrive in time; the connection is closed."""
+    answer = problem(
+        408, "Request timeout", f"The request body was not complete within {timeout_s:g} s."
+    )
+    return Answer(answer.status, [*answer.headers, ("connection", "close")], answer.body)
+
+
 def _with_retry_after(answer: Answer, retry_after_s: int) -> Answer:
     headers = [*answer.headers, ("retry-after", str(retry_after_s))]
     return Answer(answer.status, headers, answer.body)

@@ -10,6 +10,7 @@ instead of overwriting. The store never commits; the middleware owns the transac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
@@ -29,6 +30,7 @@ from sqlalchemy.sql.elements import ColumnElement
 DEFAULT_TTL_S = 24 * 3600.0
 DEFAULT_LEASE_S = 30.0
 MAX_SCOPE_LENGTH = 128
+HASHED_SCOPE_PREFIX = "sha256:"
 _CLAIM_ROUNDS = 5  # a row that vanishes or changes under us is read again, a few times
 
 Clock = Callable[[], float]
@@ -100,12 +102,16 @@ class KeyRecord:
 
 
 def stored_scope(scope: str) -> str:
-    """The scope as stored: as given up to 128 characters, else ``sha256:`` and its hash."""
-    if len(scope) <= MAX_SCOPE_LENGTH:
-        return scope
-    import hashlib
+    """The scope as stored: as given if it has at most 128 characters and does not begin with
+    ``sha256:``, else ``sha256:`` and the hex SHA-256 of the whole scope (cut to 120 digits).
 
-    return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()[:120]
+    No literal scope is stored with the prefix the hashed ones carry, so two distinct scopes
+    share a stored form only if their hashes do: a client whose scope is
+    ``sha256:<hash of another tenant's long scope>`` gets a hashed scope of its own.
+    """
+    if len(scope) <= MAX_SCOPE_LENGTH and not scope.startswith(HASHED_SCOPE_PREFIX):
+        return scope
+    return HASHED_SCOPE_PREFIX + hashlib.sha256(scope.encode()).hexdigest()[:120]
 
 
 class IdempotencyStore:

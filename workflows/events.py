@@ -25,6 +25,16 @@ TIMER = "outboxkit.workflow.timer"
 REMINDER = "outboxkit.workflow.reminder"
 
 
+def id_part(text: str) -> str:
+    """``text`` as one ``/``-separated part of an event id: ``%`` and ``/`` percent-escaped.
+
+    Tenants and workflow ids are the caller's strings; unescaped, tenant ``a/b`` with workflow
+    ``c`` and tenant ``a`` with workflow ``b/c`` had one event id, and the outbox keeps one
+    event per ``(source, id)``. Text without ``%`` or ``/`` is unchanged.
+    """
+    return text.replace("%", "%25").replace("/", "%2F")
+
+
 def transition_event(
     source: str, tenant: str, workflow_id: str, seq: int, data: dict[str, Any]
 ) -> CloudEvent:
@@ -33,7 +43,7 @@ def transition_event(
         TRANSITIONED,
         source,
         data,
-        id=f"{tenant}/{workflow_id}/{seq}",
+        id=f"{id_part(tenant)}/{id_part(workflow_id)}/{seq}",
         subject=workflow_id,
         partitionkey=workflow_id,
         extensions={WORKFLOW_EXTENSION: workflow_id, TENANT_EXTENSION: tenant},
@@ -48,7 +58,7 @@ def timer_event(
         TIMER,
         source,
         {"kind": kind, "number": number},
-        id=f"{tenant}/{correlation}/{kind}/{number}",
+        id=f"{id_part(tenant)}/{id_part(correlation)}/{kind}/{number}",
         subject=workflow_id,
         partitionkey=workflow_id,
         extensions={
@@ -71,7 +81,7 @@ def reminder_event(
         REMINDER,
         source,
         data,
-        id=f"{tenant}/{correlation}/reminded/{number}",
+        id=f"{id_part(tenant)}/{id_part(correlation)}/reminded/{number}",
         subject=workflow_id,
         partitionkey=workflow_id,
         extensions={

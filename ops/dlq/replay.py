@@ -4,6 +4,17 @@ A replayed record is the original: the same key, value and headers, minus the ``
 dead-letter headers, so a consumer's inbox recognises an event it had in fact applied. It goes
 to the topic named by ``outboxkit-original-topic`` (or one chosen by the operator).
 
+A dead letter cut down to fit (``outboxkit-truncated``: its value cut to 64 KiB, or dropped)
+is not the original: republished as it is, under the same ``(source, id)``, the consumer would
+apply the cut value and take the real event for a duplicate. Such a letter is refused (the run
+stops there with :class:`TruncatedLetterError`) unless ``truncated`` says otherwise:
+``"original"`` republishes the original record, fetched from its source topic at the
+partition and offset the letter names while that topic still retains it (checked against the
+letter: same size, the cut value a prefix of it, the same key); ``"allow"`` republishes the cut
+letter under a new id, ``truncated-`` and 32 hex digits of a hash of the letter's position and
+its original id (the same on every replay), keeping the truncation headers and naming the
+original id in ``outboxkit-original-id``.
+
 Idempotence: a record is republished to a topic only if ``dlq_replays`` has no row for
 ``(dlq topic, partition, offset, target topic)``, unless forced. The row is written only after
 Kafka acknowledged the record, so a crash between the two republishes at most one chunk again,
@@ -14,6 +25,7 @@ record: the ledger is a record of what was done, not a lock.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -21,8 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer
+from outboxkit.consumers.dlq_headers import ORIGINAL_SIZE, TRUNCATED, Header
 from outboxkit.ops.access import OpsError, kafka_bounded
-from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord, UnknownTopicError
+from outboxkit.ops.dlq.reader import (
+    DlqFilter,
+    DlqReader,
+    DlqRecord,
+    OffsetOutOfRangeError,
+    UnknownTopicError,
+)
 from outboxkit.ops.dlq.tables import REPLAYED_BY_MAX, dlq_replays
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
@@ -34,6 +53,10 @@ from uuid6 import uuid7
 CHUNK = 200
 MAX_LISTED = 1000
 
+ORIGINAL_ID = "outboxkit-original-id"
+"""On a truncated letter replayed under a new id: the id of the event it was cut from."""
+Truncated = Literal["refuse", "original", "allow"]
+
 Status = Literal["replayed", "would replay", "already replayed", "no target", "target missing"]
 
 
@@ -43,7 +66,9 @@ class ReplayOptions:
 
     ``target``: a topic for every record instead of each one's original topic. ``rate``:
     records per second at most (``None``: as fast as the broker acknowledges). ``force``:
-    republish records the ledger says were replayed already.
+    republish records the ledger says were replayed already. ``truncated``: what to do with a
+    letter cut down to fit (see the module docstring): ``"refuse"`` (the default),
+    ``"original"`` or ``"allow"``.
     """
 
     by: str
@@ -51,12 +76,27 @@ class ReplayOptions:
     dry_run: bool = False
     rate: float | None = None
     force: bool = False
+    truncated: Truncated = "refuse"
 
     def __post_init__(self) -> None:
         if self.rate is not None and self.rate <= 0:
             raise OpsError("--rate must be a positive number of records per second")
         if not self.by.strip() or len(self.by) > REPLAYED_BY_MAX:
             raise OpsError(f"--by must have 1 to {REPLAYED_BY_MAX} characters")
+
+
+class TruncatedLetterError(OpsError):
+    """A truncated dead letter met without ``--fetch-original`` or ``--allow-truncated``, or one
+    whose original record can no longer be fetched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What is republished for one dead letter: its key, value and headers."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +188,7 @@ class Replayer:
         self.engine = engine
         self._producer_options = dict(producer_options or {})
         self._producer: AIOKafkaProducer | None = None
+        self._sources: DlqReader | None = None  # reads originals; the main reader is mid-read
 
     async def run(
         self,
@@ -188,6 +229,9 @@ class Replayer:
                 progress(total, total, summary.replayed)
         finally:
             await self._stop_producer()
+            if self._sources is not None:
+                await self._sources.close()
+                self._sources = None
         return summary
 
     async def _start_producer(self) -> None:
@@ -236,11 +280,15 @@ class Replayer:
             if (record.partition, record.offset, target) in done:
                 summary.add(_item(record, target, "already replayed"))
             elif options.dry_run:
+                if record.letter.truncated and options.truncated == "refuse":
+                    raise _refusal(dlq_topic, record)
                 summary.add(_item(record, target, "would replay"))
             else:
                 to_send.append((record, target))
-        if to_send:
-            await self._publish(dlq_topic, to_send, options, pacer, summary)
+        if not to_send:
+            return
+        outgoing = [await self._outgoing(dlq_topic, record, options) for record, _ in to_send]
+        await self._publish(dlq_topic, to_send, outgoing, pacer, summary, options)
 
     async def _replayed(
         self, dlq_topic: str, planned: Sequence[tuple[DlqRecord, str]]
@@ -257,28 +305,76 @@ class Replayer:
             rows = (await connection.execute(query)).all()
         return {(row.dlq_partition, row.dlq_offset, row.target_topic) for row in rows}
 
+    async def _outgoing(
+        self, dlq_topic: str, record: DlqRecord, options: ReplayOptions
+    ) -> Outgoing:
+        """What to republish for ``record``; raises :class:`TruncatedLetterError` when it is
+        truncated and may not go (see the module docstring)."""
+        letter = record.letter
+        if not letter.truncated:
+            return Outgoing(letter.key, letter.value, letter.original_headers())
+        if options.truncated == "refuse":
+            raise _refusal(dlq_topic, record)
+        if options.truncated == "allow":
+            return _marked(dlq_topic, record)
+        return await self._original(dlq_topic, record)
+
+    async def _original(self, dlq_topic: str, record: DlqRecord) -> Outgoing:
+        letter = record.letter
+        where = f"{dlq_topic}[{record.partition}]@{record.offset}"
+        left_out = letter.truncated or ""
+        if letter.topic is None or letter.partition is None or letter.offset is None:
+            raise TruncatedLetterError(
+                f"{where} is a truncated dead letter that does not name its original record; "
+                "only --allow-truncated can replay it"
+            )
+        source = f"{letter.topic}[{letter.partition}]@{letter.offset}"
+        if self._sources is None:
+            self._sources = DlqReader(self.reader.kafka, self.reader.timeout)
+            await self._sources.__aenter__()
+        try:
+            found = (
+                await self._sources.fetch(letter.topic, letter.partition, letter.offset)
+            ).letter
+        except (OffsetOutOfRangeError, UnknownTopicError) as error:
+            raise TruncatedLetterError(
+                f"the original of truncated dead letter {where} is no longer retained ({error}); "
+                "only --allow-truncated can replay it"
+            ) from None
+        cut = letter.value or b""
+        size = len(found.value or b"")
+        same_key = "key" in left_out or found.key == letter.key
+        if (
+            (letter.original_size not in (None, size))
+            or not (found.value or b"").startswith(cut)
+            or not same_key
+        ):
+            raise TruncatedLetterError(
+                f"the record at {source} is not the original of truncated dead letter {where} "
+                f"(its size, value or key differ); only --allow-truncated can replay it"
+            )
+        return Outgoing(found.key, found.value, found.original_headers())
+
     async def _publish(
         self,
         dlq_topic: str,
         to_send: Sequence[tuple[DlqRecord, str]],
-        options: ReplayOptions,
+        outgoing: Sequence[Outgoing],
         pacer: _Pacer,
         summary: ReplaySummary,
+        options: ReplayOptions,
     ) -> None:
         assert self._producer is not None
         kafka, timeout = self.reader.kafka, self.reader.timeout
         futures: list[asyncio.Future[Any]] = []
         send_error: OpsError | None = None
         try:
-            for record, target in to_send:
+            for (_, target), out in zip(to_send, outgoing, strict=True):
                 await pacer.wait()
                 async with kafka_bounded(kafka, timeout, f"sending to {target}"):
                     futures.append(
                         await self._producer.send(
-                            target,
-                            value=record.letter.value,
-                            key=record.letter.key,
-                            headers=record.letter.original_headers(),
+                            target, value=out.value, key=out.key, headers=out.headers
                         )
                     )
         except OpsError as error:
@@ -336,6 +432,37 @@ class Replayer:
         )
         async with self.engine.begin() as connection:
             await connection.execute(statement)
+
+
+def _refusal(dlq_topic: str, record: DlqRecord) -> TruncatedLetterError:
+    letter = record.letter
+    size = "" if letter.original_size is None else f" of {letter.original_size} bytes"
+    source = (
+        f"{letter.topic}[{letter.partition}]@{letter.offset}"
+        if letter.topic is not None
+        else "its source topic"
+    )
+    return TruncatedLetterError(
+        f"{dlq_topic}[{record.partition}]@{record.offset} is a truncated dead letter (its "
+        f"{letter.truncated} cut from an event{size}): replayed as it is, the cut event would be "
+        f"taken for the real one; give --fetch-original to republish the original from "
+        f"{source} while it is retained, or --allow-truncated to publish the cut one under a "
+        "new id"
+    )
+
+
+def _marked(dlq_topic: str, record: DlqRecord) -> Outgoing:
+    """The cut letter under a new id (binary-mode ``ce_id``), its truncation headers kept."""
+    letter = record.letter
+    original_id = record.id or ""
+    digest = hashlib.sha256(
+        f"{dlq_topic}\x00{record.partition}\x00{record.offset}\x00{original_id}".encode()
+    ).hexdigest()[:32]
+    headers = [(n, v) for n, v in letter.original_headers() if n.lower() != "ce_id"]
+    facts = {TRUNCATED: letter.truncated, ORIGINAL_SIZE: letter.original_size}
+    headers += [(n, str(v).encode()) for n, v in facts.items() if v is not None]
+    headers += [("ce_id", f"truncated-{digest}".encode()), (ORIGINAL_ID, original_id.encode())]
+    return Outgoing(letter.key, letter.value, headers)
 
 
 def _acked(future: asyncio.Future[Any]) -> bool:

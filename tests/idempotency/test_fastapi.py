@@ -87,3 +87,22 @@ async def test_routes_opt_in_through_the_dependency(sqlite_url: str, added: bool
         invalid = await client.post("/payments", json={"amount_cents": "x"}, headers=headers("k2"))
         assert invalid.status_code == 422 and "differs" not in invalid.json()  # FastAPI's own
     assert count_payments(sqlite_url) == 1
+
+
+@pytest.mark.parametrize("added", [True, False], ids=["add_middleware", "wrapped"])
+async def test_a_chunked_body_over_the_limit_on_an_opted_in_route_is_413(
+    sqlite_url: str, added: bool
+) -> None:
+    # FastAPI reads the body itself (and would answer 400 for any error reading it): the
+    # middleware's limit still answers 413, and neither the handler nor the claim happens.
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"amount_cents": 1' + b" " * 600_000
+        yield b" " * 600_000 + b"}"
+
+    async with fastapi_service(sqlite_url, added) as client:
+        refused = await client.post("/payments", content=chunks(), headers=headers("big"))
+        assert refused.status_code == 413, refused.text
+        assert refused.json()["title"] == "Content too large"
+        fits = await client.post("/payments", json={"amount_cents": 1}, headers=headers("big"))
+        assert fits.status_code == 201 and "idempotent-replay" not in fits.headers
+    assert count_payments(sqlite_url) == 1

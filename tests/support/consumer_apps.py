@@ -100,3 +100,22 @@ def hang_in_thread(widget: Widget) -> None:
     """Never return, in a worker thread (cannot be cancelled)."""
     print(f"handler entered: widget {widget.n}", flush=True)
     threading.Event().wait()
+
+
+# Same name as effects_app (one inbox), a handler that raises a BaseException on widget 2:
+# KeyboardInterrupt, or SystemExit when OUTBOXKIT_TEST_INTERRUPT is "SystemExit".
+interrupting_app = ConsumerApp(
+    name="effects",
+    consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+    retention_interval_s=None,
+)
+
+
+@interrupting_app.handler(WIDGET_TYPE, topic=TOPIC)
+async def interrupt_on_two(widget: Widget, event: CloudEvent, session: AsyncSession) -> None:
+    """Like :func:`record_widget`, but widget 2 raises KeyboardInterrupt (or SystemExit)."""
+    if widget.n == 2:
+        if os.environ.get("OUTBOXKIT_TEST_INTERRUPT") == "SystemExit":
+            raise SystemExit(3)
+        raise KeyboardInterrupt
+    await record_widget(widget, event, session)

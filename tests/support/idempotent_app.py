@@ -2,8 +2,9 @@
 
 ``POST /payments`` is transactional: it writes a payment row and an outbox event with the
 request's session, so both commit with the stored response. ``POST /notes`` is not: it
-commits its row in a session of its own. ``POST /free`` requires no key. The handler can be
-paused, made to answer an error status, or made to raise, through :class:`Controls`.
+commits its row in a session of its own. ``POST /uploads`` stores the size of its raw body
+with the request's session. ``POST /free`` requires no key. The handler can be paused, made to
+answer an error status, or made to raise, through :class:`Controls`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ payments = Table(
     Column("amount_cents", Integer, nullable=False),
     Column("kind", String(16), nullable=False),
 )
-ROUTES = ["POST /payments", "POST /notes"]
+ROUTES = ["POST /payments", "POST /notes", "POST /uploads"]
 
 
 @dataclass
@@ -145,6 +146,16 @@ def build_app(
             return JSONResponse({"error": "failed on purpose"}, status_code=status)
         return JSONResponse({"id": note_id, "receipt": uuid.uuid4().hex}, status_code=201)
 
+    async def upload(request: Request) -> JSONResponse:
+        session = await idempotency_session(request.scope)
+        size = len(await request.body())  # the effect records how much of the body it got
+        await session.execute(
+            payments.insert().values(
+                tenant=request.headers["x-tenant"], amount_cents=size, kind="upload"
+            )
+        )
+        return JSONResponse({"bytes": size}, status_code=201)
+
     async def free(request: Request) -> PlainTextResponse:
         return PlainTextResponse("free", status_code=200)
 
@@ -155,6 +166,7 @@ def build_app(
         routes=[
             Route("/payments", create_payment, methods=["POST"]),
             Route("/notes", create_note, methods=["POST"]),
+            Route("/uploads", upload, methods=["POST"]),
             Route("/free", free, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
         ]
