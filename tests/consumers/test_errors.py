@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from outboxkit.consumers.errors import Category, classify, safe_message
+from outboxkit.consumers.errors import Category, classify
 from outboxkit.outbox import PermanentError, TransientError
+from outboxkit.outbox.secrecy import describe_error as safe_message
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -49,5 +50,8 @@ def test_safe_messages_carry_no_payload() -> None:
     except ValueError as error:
         text = safe_message(error)
     assert "secret" not in text and "ValueError" in text
-    assert safe_message(PermanentError("refund above limit\nsecond line")) == "refund above limit"
+    assert (
+        safe_message(PermanentError("refund above limit\nsecond line"))
+        == "PermanentError: refund above limit"
+    )
     assert len(safe_message(TransientError("x" * 1000))) == 300
