@@ -41,6 +41,7 @@ from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.secrecy import redact
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -337,7 +338,8 @@ def _int_or_none(value: bytes | None) -> int | None:
 
 
 def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -> tuple[str, bool]:
-    """The data as pretty JSON, text or a hex dump, cut to ``max_bytes``; and whether it was cut."""
+    """The data as pretty JSON (secret fields redacted), text or a hex dump, cut to
+    ``max_bytes``; and whether it was cut."""
     if value is None:
         return "(no value)", False
     if not value:
@@ -346,7 +348,7 @@ def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -
     text: str | None = None
     if structured or is_json_content_type(content_type):
         try:
-            text = json.dumps(json.loads(value), indent=2, ensure_ascii=False)
+            text = json.dumps(redact(json.loads(value)), indent=2, ensure_ascii=False)
         except (ValueError, UnicodeDecodeError):
             text = None
     if text is None:
