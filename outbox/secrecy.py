@@ -96,7 +96,8 @@ def describe_error(error: BaseException) -> str:
 
     - types marked safe (:data:`SAFE_MESSAGE_ATTRIBUTE`: outboxkit's own errors,
       ``TransientError``/``PermanentError``/``OutcomeUnknownError`` and the workflow failure
-      errors, whose messages their authors write): the class and the message's first line;
+      errors, whose messages their authors write): the message's first line (the class
+      where it has none: a dead letter names the class in a header of its own);
     - pydantic validation errors: where and what, without the input values;
     - database errors: their class and SQLSTATE (a PostgreSQL message may quote a value);
     - any other exception: its class and where it was raised, the message withheld.
@@ -125,7 +126,7 @@ def _describe(error: BaseException) -> str:
         return text + (", connection invalidated" if error.connection_invalidated else "")
     if getattr(type(error), SAFE_MESSAGE_ATTRIBUTE, False):
         lines = str(error).strip().splitlines()
-        return f"{name}: {lines[0]}" if lines else name
+        return lines[0] if lines else name
     if not str(error).strip():
         return f"{name} raised{_where(error)}"
     return f"{name} raised{_where(error)} (message withheld)"

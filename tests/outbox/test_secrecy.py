@@ -56,9 +56,8 @@ def test_an_unknown_exceptions_message_is_withheld_with_its_class_and_place() ->
 
 
 def test_messages_written_on_purpose_are_kept_first_line_only() -> None:
-    assert describe_error(PermanentError("over the limit\nmore")) == (
-        "PermanentError: over the limit"
-    )
-    assert describe_error(PolicyError("refused")) == "PolicyError: refused"
-    assert describe_error(InvalidEventError("no type")) == "InvalidEventError: no type"
+    assert describe_error(PermanentError("over the limit\nmore")) == "over the limit"
+    assert describe_error(PolicyError("refused")) == "refused"
+    assert describe_error(InvalidEventError("no type")) == "no type"
+    assert describe_error(PermanentError()) == "PermanentError"
     assert len(describe_error(PermanentError("x" * 1000))) == 300
