@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from outboxkit.actions.records import OperationRecord, ReconcileOutcome, Unclear
 from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
+from outboxkit.outbox.secrecy import describe_error
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 Reconciler = Callable[[OperationRecord], Awaitable[ReconcileOutcome]]
@@ -33,8 +34,7 @@ async def reconcile_one(
     try:
         outcome = await reconciler(operation)
     except Exception as error:  # the lookup itself failed: we still do not know
-        message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        outcome = Unclear(f"reconciler raised {type(error).__name__}: {message}".rstrip(": "))
+        outcome = Unclear(f"reconciler raised {describe_error(error)}")
     async with sessions() as session, session.begin():
         return await store.reconcile(session, operation, outcome, actor=actor)
 

@@ -34,8 +34,9 @@ from outboxkit.actions.records import Decision, DecisionKind, Lease, OperationRe
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.actions.waiting import OperationWatch, watch_operation
 from outboxkit.outbox.backoff import Backoff
-from outboxkit.outbox.errors import PermanentError, TransientError, describe_error
+from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
+from outboxkit.outbox.secrecy import describe_error
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 DEFAULT_RETRY = RetryPolicy(

@@ -149,7 +149,8 @@ def show_command(
         None,
         "--app",
         metavar="MODULE:ENGINE",
-        help="The application's engine, to show the retry budget of the pending step.",
+        help="The application's engine, to show the retry budget of the pending step "
+        "(and hide its definitions' redact_keys).",
     ),
     db_url: str | None = DbUrlOption,
 ) -> None:
@@ -164,7 +165,7 @@ def show_command(
     if report is None:
         raise CliError(f"no workflow {workflow_id!r} of tenant {tenant!r}")
     if app is not None:
-        report = dataclasses.replace(report, max_attempts=_max_attempts(app, db_url, report))
+        report = _with_app(app, db_url, report)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -323,13 +324,18 @@ def load_engine(target: str, db_url: str | None = None) -> WorkflowEngine:
     )
 
 
-def _max_attempts(app: str, db_url: str | None, report: ops.WorkflowReport) -> int | None:
-    """The pending state's ``max_attempts`` in the instance's own definition version."""
+def _with_app(app: str, db_url: str | None, report: ops.WorkflowReport) -> ops.WorkflowReport:
+    """``report`` with the pending state's ``max_attempts`` in the instance's own definition
+    version, and the definitions' ``redact_keys``."""
     engine = load_engine(app, db_url)
     asyncio.run(_dispose(engine))  # only its definitions are read
     record = report.record
     spec = engine.registry.get(record.name, record.version).states.get(record.state)
-    return None if spec is None else spec.budget.max_attempts
+    return dataclasses.replace(
+        report,
+        max_attempts=None if spec is None else spec.budget.max_attempts,
+        redact_keys=engine.sink.redact_keys,
+    )
 
 
 def _bind(engine: WorkflowEngine) -> AsyncEngine:

@@ -28,11 +28,12 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 from outboxkit.consumers.dlq_headers import DeadLetter
-from outboxkit.consumers.errors import error_class, safe_message
+from outboxkit.consumers.errors import error_class
 from outboxkit.consumers.metrics import ConsumerStats
 from outboxkit.outbox.kafka_failures import explain
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.retry import RetryPolicy
+from outboxkit.outbox.secrecy import describe_error
 
 __all__ = [
     "DEFAULT_DLQ_TOPIC",
@@ -80,7 +81,7 @@ def dead_letter_for(
         value=record.value,
         headers=tuple(record.headers or ()),
         error_class=error_class(category, error),
-        error_message=safe_message(error),
+        error_message=describe_error(error),
         attempts=attempts,
         first_failure_ms=first_ms,
         last_failure_ms=last_ms,

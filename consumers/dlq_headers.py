@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from outboxkit.consumers.errors import MAX_MESSAGE_CHARS
+from outboxkit.outbox.secrecy import MAX_MESSAGE_CHARS
 
 ERROR_CLASS = "outboxkit-error-class"
 """Category and exception, e.g. ``permanent:ValidationError`` or ``exhausted:TimeoutError``."""

@@ -11,16 +11,13 @@ dead-lettered as ``exhausted:<Exception>``.
 from __future__ import annotations
 
 import asyncio
-import traceback
 from enum import StrEnum
-from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 from outboxkit.outbox.errors import OutboxError, PermanentError, TransientError
+from outboxkit.outbox.secrecy import sqlstate
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
-
-MAX_MESSAGE_CHARS = 300
 
 # PostgreSQL SQLSTATEs worth another attempt: serialization_failure, deadlock_detected.
 _RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
@@ -77,53 +74,6 @@ def unreachable(error: BaseException) -> bool:
     return isinstance(error, OperationalError) or (
         isinstance(error, DBAPIError) and error.connection_invalidated
     )
-
-
-def sqlstate(error: DBAPIError) -> str | None:
-    """The SQLSTATE of a database error (asyncpg and psycopg spell it differently), if any."""
-    original = error.orig
-    code = getattr(original, "pgcode", None) or getattr(original, "sqlstate", None)
-    return code if isinstance(code, str) else None
-
-
-def safe_message(error: BaseException) -> str:
-    """A short description of ``error`` that carries no payload and no secret.
-
-    Only exceptions whose text outboxkit or the handler author controls keep their message:
-    ``TransientError``/``PermanentError`` (the decoding errors are permanent ones) and pydantic
-    validation errors, summarised without their input values. Database errors give their class
-    and SQLSTATE (a PostgreSQL message may quote the offending value). Any other exception gives
-    only its class and where it was raised, since messages like ``invalid literal for int():
-    'secret'`` quote the data.
-    """
-    if isinstance(error, ValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or '<data>'}: {item['msg']}"
-            for item in error.errors(include_url=False, include_context=False, include_input=False)
-        )
-        text = f"{error.error_count()} validation error(s) for {error.title}: {problems}"
-    elif isinstance(error, TransientError | PermanentError):
-        lines = str(error).strip().splitlines()
-        text = lines[0] if lines else type(error).__name__
-    elif isinstance(error, DBAPIError):
-        original = type(error.orig).__name__ if error.orig is not None else "unknown"
-        code = sqlstate(error)
-        text = f"database error {type(error).__name__} ({original}" + (
-            f", sqlstate {code})" if code else ")"
-        )
-        if error.connection_invalidated:
-            text += ", connection invalidated"
-    else:
-        text = f"{type(error).__name__} raised{_where(error)} (message withheld)"
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
-
-
-def _where(error: BaseException) -> str:
-    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f" at {Path(last.filename).name}:{last.lineno}"
 
 
 def error_class(category: str, error: BaseException) -> str:

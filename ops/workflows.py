@@ -14,6 +14,7 @@ from typing import Any
 from outboxkit.actions.records import OperationRecord
 from outboxkit.actions.store import ActionStore
 from outboxkit.ops.formatting import format_age, format_ms
+from outboxkit.outbox.secrecy import redact
 from outboxkit.workflows import WorkflowEngine, store
 from outboxkit.workflows.records import (
     COMPENSATING,
@@ -180,6 +181,8 @@ class WorkflowReport:
     """Every operation key ever left unknown (open or in the history), with its ledger row."""
     now_ms: int
     max_attempts: int | None = None
+    redact_keys: tuple[str, ...] = ()
+    """The definitions' ``redact_keys`` (when the application is known): hidden like secrets."""
 
     @property
     def last_good(self) -> HistoryRecord | None:
@@ -192,7 +195,8 @@ class WorkflowReport:
         return next_action(self.record, self.now_ms, self.max_attempts)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form (``workflows show --json``)."""
+        """The JSON form (``workflows show --json``): the instance's data, approval and
+        compensations redacted (:func:`~outboxkit.outbox.secrecy.redact`), as in the text."""
         good = self.last_good
         record = self.record
         return {
@@ -225,7 +229,7 @@ class WorkflowReport:
                 }
                 for s in self.signals
             ],
-            "instance": record.to_json(),
+            "instance": redact(record.to_json(), self.redact_keys),
         }
 
 

@@ -4,6 +4,8 @@
 class OutboxError(Exception):
     """Base class of every error outboxkit raises on purpose."""
 
+    outboxkit_safe_message = True  # its messages are built by outboxkit (outbox/secrecy.py)
+
 
 class InvalidEventError(OutboxError, ValueError):
     """An event cannot be written: a required attribute, its data or its topic is wrong."""
@@ -33,21 +35,17 @@ class TransientError(Exception):
     """Retry this: it failed for now and may succeed later (for an action: it certainly did not
     take effect)."""
 
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read
+
 
 class PermanentError(Exception):
     """Never retry this: it will fail the same way again (a consumer dead-letters the record; an
     action ends FAILED_FINAL). Subclass it to name the reason."""
 
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read
+
 
 class OutcomeUnknownError(Exception):
     """An action's call may or may not have taken effect: never retried blindly, reconciled."""
 
-
-def describe_error(error: BaseException) -> str:
-    """The class and the first line (at most 300 characters) of an error's message.
-
-    What operators see of a failure in a record: a message is shown, a traceback is not.
-    """
-    text = str(error).strip()
-    first = text.splitlines()[0][:300] if text else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.outbox.errors import describe_error
+from outboxkit.outbox.secrecy import describe_error
 from outboxkit.workflows import matching, store
 from outboxkit.workflows.changes import KEEP, Change
 from outboxkit.workflows.commit import commit
@@ -194,6 +195,7 @@ class Advancer:
             else int(wait.remind_every_s * 1000),
             request_hash=None if wait.approval_for is None else request_hash(wait.approval_for),
             started_ms=now,
+            timer_secret=secrets.token_hex(32),
         )
         sink = self.engine.sink
         timers = (

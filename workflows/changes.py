@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
+from outboxkit.outbox.secrecy import redact
 from outboxkit.outbox.writer import Outbox
 from outboxkit.workflows import store
 from outboxkit.workflows.events import transition_event
@@ -24,7 +25,6 @@ from outboxkit.workflows.records import (
     WaitSpec,
     WorkflowRecord,
 )
-from outboxkit.workflows.redaction import redact
 
 KEEP: Any = object()
 """A :class:`Change` field left as the instance has it."""

@@ -11,8 +11,8 @@ from typing import Any
 
 from outboxkit.actions.errors import ActionOutcomeUnknownError
 from outboxkit.outbox.backoff import Backoff
-from outboxkit.outbox.errors import describe_error
 from outboxkit.outbox.retry import RetryPolicy
+from outboxkit.outbox.secrecy import describe_error
 from outboxkit.workflows.changes import KEEP, Change
 from outboxkit.workflows.context import WorkflowContext
 from outboxkit.workflows.definition import Workflow

@@ -21,6 +21,7 @@ from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.consumers.app import ANY_TYPE, ConsumerApp
 from outboxkit.outbox.errors import PermanentError
+from outboxkit.outbox.secrecy import redact
 from outboxkit.outbox.writer import Outbox
 from outboxkit.workflows import matching, store
 from outboxkit.workflows.advance import Advancer
@@ -40,6 +41,7 @@ from outboxkit.workflows.records import (
     HistoryRecord,
     SignalRecord,
     Status,
+    WaitSpec,
     WorkflowRecord,
 )
 from outboxkit.workflows.signatures import (
@@ -49,11 +51,20 @@ from outboxkit.workflows.signatures import (
     WORKFLOW_EXTENSION,
     SignalVerifier,
     event_data,
+    signed_with,
 )
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 DEFAULT_EVENTS_TOPIC = "outboxkit.workflow-events"
 DEFAULT_SIGNALS_TOPIC = "outboxkit.workflow-signals"
+_ATTRIBUTES = {
+    "tenant": TENANT_EXTENSION,
+    "workflow_id": WORKFLOW_EXTENSION,
+    "event_id": "id",
+    "correlation": CORRELATION_EXTENSION,
+    "request_hash": REQUEST_HASH_EXTENSION,
+}
+"""The CloudEvents attribute of each column of a signal, where the names differ."""
 
 
 class WorkflowEngine:
@@ -63,10 +74,10 @@ class WorkflowEngine:
     its events: every history record to ``events_topic``, timers to ``signals_topic``, which
     :meth:`consumer_app` consumes back together with the signals other systems send there.
     ``verifier`` authenticates those signals (fail closed: with none, only the engine's own
-    timers are taken). ``clock`` (seconds since the epoch) is the business clock of deadlines
-    and timers; tests replace it. ``lease_s`` is how long a worker holds an instance it runs;
-    keep it above the handlers' timeouts, or a slow run may be overtaken by another worker
-    (safe, since effects are keyed, but wasted work).
+    timers are taken, each signed with its wait's key). ``clock`` (seconds since the epoch)
+    is the business clock of deadlines and timers; tests replace it. ``lease_s`` is how long a
+    worker holds an instance it runs; keep it above the handlers' timeouts, or a slow run may be
+    overtaken by another worker (safe, since effects are keyed, but wasted work).
     """
 
     def __init__(
@@ -184,6 +195,11 @@ class WorkflowEngine:
         an accepted one makes the instance runnable. A signal seen before (same source and id)
         changes nothing and returns ``None``. An event without the extensions raises
         :class:`~outboxkit.outbox.errors.PermanentError` (a consumer dead-letters it).
+
+        Before anything is read, a signal is checked against the table's columns: one with an
+        attribute longer than its column is recorded at once as rejected, with the reason, the
+        attribute kept as its start and its SHA-256 (:func:`~outboxkit.workflows.store.fit`).
+        Its data is stored redacted (:func:`~outboxkit.outbox.secrecy.redact`).
         """
         workflow_id = event.get_extension(WORKFLOW_EXTENSION)
         tenant = event.get_extension(TENANT_EXTENSION)
@@ -193,12 +209,9 @@ class WorkflowEngine:
                 f"(the {WORKFLOW_EXTENSION!r} and {TENANT_EXTENSION!r} extensions)"
             )
         now = self.now_ms()
-        current = await store.get(session, tenant, workflow_id, lock=True)
-        own_timer = event.get_type() == TIMER and event.get_source() == self.sink.source
-        principal = None if own_timer or self.verifier is None else self.verifier.verify(event)
         request_hash = event.get_extension(REQUEST_HASH_EXTENSION)
         correlation = event.get_extension(CORRELATION_EXTENSION)
-        values = {
+        values: dict[str, Any] = {
             "tenant": tenant,
             "workflow_id": workflow_id,
             "source": event.get_source(),
@@ -206,18 +219,43 @@ class WorkflowEngine:
             "type": event.get_type(),
             "correlation": correlation if isinstance(correlation, str) else None,
             "request_hash": request_hash if isinstance(request_hash, str) else None,
-            "principal": principal,
-            "data": None if own_timer else store.dumps(event_data(event)),
+            "principal": None,
+            "data": store.dumps(redact(event_data(event), self.sink.redact_keys)),
             "outcome": matching.PENDING,
             "received_ms": now,
         }
+        lengths = store.SIGNAL_LENGTHS
+        oversized = store.too_long(values, lengths)
+        if oversized:
+            refusal = "; ".join(
+                f"{_ATTRIBUTES.get(name, name)} is {size} characters, longer than its column "
+                f"({lengths[name]})"
+                for name, size in oversized.items()
+            )
+            for name in oversized:
+                values[name] = store.fit(values[name], lengths[name])
+            return await self._record(session, values, matching.REJECTED, refusal)
+        claims_timer = event.get_type() == TIMER and event.get_source() == self.sink.source
+        if not claims_timer and self.verifier is not None:
+            principal = self.verifier.verify(event)
+            if principal is not None:
+                values["principal"] = store.fit(principal, lengths["principal"])
+        current = await store.get(session, tenant, workflow_id, lock=True)
+        if claims_timer:
+            wait = None if current is None else current.wait
+            open_wait = wait is not None and wait.correlation == values["correlation"]
+            if open_wait and wait is not None and not _signed_by(wait, event):
+                # Refused before it is recorded: timer ids are predictable, and a forgery
+                # recorded first would make the engine's own timer a duplicate.
+                raise PermanentError("a timer not signed with its wait's key")
+            values["data"] = None
         if not await store.insert_signal(session, values):
             SIGNALS.labels("duplicate").inc()
             return None
         signal = SignalRecord.from_row({**values, "reason": None, "consumed_seq": None})
-        if own_timer:
+        if claims_timer:
             outcome, reason = await self._timer(session, current, signal, event, now)
-        elif principal is None:
+        elif signal.principal is None:
             outcome, reason = matching.REJECTED, "not authenticated"
         elif current is None:
             outcome, reason = matching.REJECTED, "no such workflow"
@@ -240,6 +278,17 @@ class WorkflowEngine:
             {**values, "outcome": outcome, "reason": reason, "consumed_seq": None}
         )
 
+    async def _record(
+        self, session: AsyncSession, values: dict[str, Any], outcome: str, reason: str
+    ) -> SignalRecord | None:
+        """Record a signal judged without reading the instance (``None`` if seen before)."""
+        values = {**values, "outcome": outcome, "reason": reason}
+        if not await store.insert_signal(session, values):
+            SIGNALS.labels("duplicate").inc()
+            return None
+        SIGNALS.labels(outcome).inc()
+        return SignalRecord.from_row({**values, "consumed_seq": None})
+
     async def _timer(
         self,
         session: AsyncSession,
@@ -248,7 +297,9 @@ class WorkflowEngine:
         event: BaseCloudEvent,
         now: int,
     ) -> tuple[str, str | None]:
-        """A timer of the engine's own: wake a due deadline, or publish a reminder."""
+        """A timer of the engine's own (its signature checked by :meth:`deliver` with the open
+        wait's key, which only the instance's row holds): wake a due deadline, or publish a
+        reminder."""
         wait = None if current is None else current.wait
         if current is None or wait is None or wait.correlation != signal.correlation:
             return matching.LATE, "its wait has ended"
@@ -451,6 +502,11 @@ class WorkflowEngine:
         if current is None:
             raise WorkflowNotFoundError(f"no workflow {workflow_id!r} of tenant {tenant!r}")
         return current
+
+
+def _signed_by(wait: WaitSpec, event: BaseCloudEvent) -> bool:
+    """Whether a timer is signed with ``wait``'s key (a wait stored without one signs none)."""
+    return bool(wait.timer_secret) and signed_with(event, [bytes.fromhex(wait.timer_secret)])
 
 
 def _json_value(value: Any) -> Any:

@@ -40,13 +40,19 @@ class OperatorActionError(WorkflowError):
 class ConflictError(Exception):
     """Raised by a handler: what it read changed meanwhile; read again and decide again."""
 
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read
+
 
 class AuthorizationError(Exception):
     """Raised by a handler: its credential expired or was revoked; get fresh authority."""
 
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read
+
 
 class PolicyError(Exception):
     """Raised by a handler: a policy or safety rule refuses; reject or ask a person."""
+
+    outboxkit_safe_message = True  # raised on purpose, its message written to be read
 
 
 class ApprovalStaleError(WorkflowError):

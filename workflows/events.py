@@ -16,8 +16,10 @@ from outboxkit.outbox.events import new_event
 from outboxkit.workflows.records import WaitSpec
 from outboxkit.workflows.signatures import (
     CORRELATION_EXTENSION,
+    SIGNATURE_EXTENSION,
     TENANT_EXTENSION,
     WORKFLOW_EXTENSION,
+    sign,
 )
 
 TRANSITIONED = "outboxkit.workflow.transitioned"
@@ -51,21 +53,43 @@ def transition_event(
 
 
 def timer_event(
-    source: str, tenant: str, workflow_id: str, correlation: str, kind: str, number: int = 0
+    source: str,
+    tenant: str,
+    workflow_id: str,
+    correlation: str,
+    kind: str,
+    number: int = 0,
+    *,
+    secret: str,
 ) -> CloudEvent:
-    """A timer of the wait ``correlation``: ``deadline``, or reminder number ``number``."""
+    """A timer of the wait ``correlation``: ``deadline``, or reminder number ``number``.
+
+    It is signed (``authsig``) with the wait's own ``secret`` (:attr:`WaitSpec.timer_secret`),
+    which only the instance's row holds: the engine takes a timer only when it verifies.
+    """
+    data = {"kind": kind, "number": number}
+    event_id = f"{id_part(tenant)}/{id_part(correlation)}/{kind}/{number}"
+    extensions = {
+        WORKFLOW_EXTENSION: workflow_id,
+        TENANT_EXTENSION: tenant,
+        CORRELATION_EXTENSION: correlation,
+    }
+    signature = sign(
+        bytes.fromhex(secret) if secret else b"",
+        source=source,
+        id=event_id,
+        type=TIMER,
+        extensions=extensions,
+        data=data,
+    )
     return new_event(
         TIMER,
         source,
-        {"kind": kind, "number": number},
-        id=f"{id_part(tenant)}/{id_part(correlation)}/{kind}/{number}",
+        data,
+        id=event_id,
         subject=workflow_id,
         partitionkey=workflow_id,
-        extensions={
-            WORKFLOW_EXTENSION: workflow_id,
-            TENANT_EXTENSION: tenant,
-            CORRELATION_EXTENSION: correlation,
-        },
+        extensions={**extensions, SIGNATURE_EXTENSION: signature},
     )
 
 
@@ -100,7 +124,9 @@ def deadline_timer(
     source: str, topic: str, tenant: str, workflow_id: str, wait: WaitSpec
 ) -> Scheduled:
     """The timer that wakes the wait ``wait`` at its deadline."""
-    event = timer_event(source, tenant, workflow_id, wait.correlation, "deadline")
+    event = timer_event(
+        source, tenant, workflow_id, wait.correlation, "deadline", secret=wait.timer_secret
+    )
     return event, topic, instant(wait.deadline_ms)
 
 
@@ -114,7 +140,9 @@ def reminder_timer(
     at_ms = wait.started_ms + number * wait.remind_every_ms
     if at_ms >= wait.deadline_ms:
         return None
-    event = timer_event(source, tenant, workflow_id, wait.correlation, "reminder", number)
+    event = timer_event(
+        source, tenant, workflow_id, wait.correlation, "reminder", number, secret=wait.timer_secret
+    )
     return event, topic, instant(at_ms)
 
 

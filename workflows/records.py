@@ -46,6 +46,9 @@ class WaitSpec:
     remind_every_ms: int | None
     request_hash: str | None
     started_ms: int
+    timer_secret: str = ""
+    """The key (hex) the wait's timers are signed with; only this row holds it. A wait stored
+    before timers were signed has none: its timers are refused (its deadline still applies)."""
 
     def to_json(self) -> dict[str, Any]:
         """The stored JSON form."""

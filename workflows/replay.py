@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.actions.steps import Actions, Step
+from outboxkit.outbox.secrecy import redact
 from outboxkit.workflows.context import EffectCall, EffectResult, WorkflowContext
 from outboxkit.workflows.definition import Workflow
 from outboxkit.workflows.directives import Complete, Goto, Wait
@@ -36,7 +37,6 @@ from outboxkit.workflows.records import (
     Status,
     WorkflowRecord,
 )
-from outboxkit.workflows.redaction import redact
 
 REPLAYED_KINDS = frozenset({"transition", "wait", "complete", "resume"})
 """History records written after a handler (or, for ``resume``, the re-checks) ran."""

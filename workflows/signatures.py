@@ -67,22 +67,26 @@ class HmacVerifier:
     def verify(self, event: BaseCloudEvent) -> str | None:
         """The event's source if its signature matches one of that source's keys."""
         keys = self._keys.get(event.get_source())
-        signature = event.get_extension(SIGNATURE_EXTENSION)
-        if not keys or not isinstance(signature, str):
-            return None
-        extensions = {name: event.get_extension(name) for name in _SIGNED}
-        material = signed_material(
-            source=event.get_source(),
-            id=event.get_id(),
-            type=event.get_type(),
-            extensions=extensions,
-            data=event_data(event),
-        )
-        for key in keys:
-            expected = hmac.new(key, material, hashlib.sha256).hexdigest()
-            if hmac.compare_digest(expected, signature):
-                return event.get_source()
-        return None
+        return event.get_source() if keys and signed_with(event, keys) else None
+
+
+def signed_with(event: BaseCloudEvent, keys: Sequence[bytes]) -> bool:
+    """Whether ``event``'s ``authsig`` is the signature of its attributes by one of ``keys``."""
+    signature = event.get_extension(SIGNATURE_EXTENSION)
+    if not isinstance(signature, str):
+        return False
+    extensions = {name: event.get_extension(name) for name in _SIGNED}
+    material = signed_material(
+        source=event.get_source(),
+        id=event.get_id(),
+        type=event.get_type(),
+        extensions=extensions,
+        data=event_data(event),
+    )
+    return any(
+        hmac.compare_digest(hmac.new(key, material, hashlib.sha256).hexdigest(), signature)
+        for key in keys
+    )
 
 
 def event_data(event: BaseCloudEvent) -> Any:

@@ -6,6 +6,7 @@ writes each decision with its history record and its event in one transaction.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
 from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import String, Table, and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 NOTIFY_CHANNEL = "outboxkit_workflows"
@@ -123,6 +124,39 @@ async def history(session: AsyncSession, tenant: str, workflow_id: str) -> list[
         )
     ).mappings()
     return [HistoryRecord.from_row(row) for row in rows]
+
+
+def column_lengths(table: Table) -> dict[str, int]:
+    """The length of each of ``table``'s bounded text columns, by name."""
+    return {
+        column.name: column.type.length
+        for column in table.columns
+        if isinstance(column.type, String) and column.type.length
+    }
+
+
+SIGNAL_LENGTHS = column_lengths(workflow_signals)
+"""What ``workflow_signals`` holds of each text attribute of a signal."""
+
+
+def too_long(values: Mapping[str, Any], lengths: Mapping[str, int]) -> dict[str, int]:
+    """The text values longer than their column, with their length."""
+    return {
+        name: len(value)
+        for name, value in values.items()
+        if isinstance(value, str) and name in lengths and len(value) > lengths[name]
+    }
+
+
+def fit(value: str, length: int) -> str:
+    """``value`` if it fits in ``length`` characters, else its start, ``#`` and its SHA-256
+    (hex), so two values cut alike stay apart."""
+    if len(value) <= length:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8")).hexdigest()
+    if length < len(digest) + 2:
+        return ("#" + digest)[:length]
+    return value[: length - len(digest) - 1] + "#" + digest
 
 
 async def insert_signal(session: AsyncSession, values: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from outboxkit.outbox import Outbox
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.settings import Settings
 from outboxkit.workflows import HmacVerifier, WorkflowEngine, request_hash
-from outboxkit.workflows.events import timer_event
+from outboxkit.workflows.events import reminder_timer
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from examples.purchase_order.approvals import approval_event
@@ -152,9 +152,10 @@ async def story(po: Demo) -> int:
     record = await po.state()
     for day in (1, 2):
         po.clock.advance(DAY_S)
-        reminder = timer_event(
-            po.engine.sink.source, TENANT, PO, record.wait.correlation, "reminder", day
-        )
+        sink = po.engine.sink
+        timer = reminder_timer(sink.source, sink.signals_topic, TENANT, PO, record.wait, day)
+        assert timer is not None
+        reminder = timer[0]
         print(f"   day {day}: {await po.deliver(reminder)}")
     await po.work()
 

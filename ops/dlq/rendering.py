@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from outboxkit.consumers.decoding import STRUCTURED_PREFIX, is_json_content_type
+from outboxkit.outbox.secrecy import redact
 
 
 def header_value(value: bytes | None) -> str | None:
@@ -29,7 +30,8 @@ def int_or_none(value: bytes | None) -> int | None:
 
 
 def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -> tuple[str, bool]:
-    """The data as pretty JSON, text or a hex dump, cut to ``max_bytes``; and whether it was cut."""
+    """The data as pretty JSON (secret fields redacted), text or a hex dump, cut to
+    ``max_bytes``; and whether it was cut."""
     if value is None:
         return "(no value)", False
     if not value:
@@ -38,7 +40,7 @@ def render_data(value: bytes | None, content_type: str | None, max_bytes: int) -
     text: str | None = None
     if structured or is_json_content_type(content_type):
         try:
-            text = json.dumps(json.loads(value), indent=2, ensure_ascii=False)
+            text = json.dumps(redact(json.loads(value)), indent=2, ensure_ascii=False)
         except (ValueError, UnicodeDecodeError):
             text = None
     if text is None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from outboxkit.consumers.errors import Category, classify, safe_message
+from outboxkit.consumers.errors import Category, classify
 from outboxkit.outbox import PermanentError, TransientError
+from outboxkit.outbox.secrecy import describe_error as safe_message
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 

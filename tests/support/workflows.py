@@ -161,6 +161,7 @@ def build(version: int = 1, *, step_timeout_s: float = 5.0, max_attempts: int = 
             on={"approval.granted": "execute", "approval.rejected": "rejected"},
             deadline_s=float(ctx.input.get("approval_deadline_s", 3600)),
             on_deadline=ctx.input.get("on_deadline", "expired"),
+            remind_every_s=ctx.input.get("remind_every_s"),
             sources=(APPROVALS,),
             approval_for=approval_request(ctx.input, ctx.data["record_version"]),
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from outboxkit.actions import ActionStore, State
+from outboxkit.cli import workflows as cli_workflows
+from outboxkit.ops import workflows as ops_workflows
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.events import new_event
@@ -96,6 +98,8 @@ def order_workflow(supplier: Supplier) -> Workflow:
             return Goto("rejected", decision={"reason": "amount must be positive"})
         if ctx.input.get("policy") == "forbidden":
             raise PolicyError("this supplier is on the deny list")
+        if ctx.input.get("explode"):
+            raise ValueError("card ERR-SECRET-8888 was declined")
         return Goto("await_approval")
 
     @wf.state("await_approval")
@@ -416,3 +420,38 @@ async def test_secrets_and_named_personal_fields_stay_out_of_the_history(
     stored = json.dumps([h.to_json() for h in history])
     assert "s3cr3t" not in stored and "4111" not in stored
     assert (await harness.get("PO-13")).data["input"]["api_token"] == "s3cr3t"
+
+
+async def test_credentials_and_exception_messages_stay_out_of_every_workflow_output(
+    harness: Harness,
+) -> None:
+    """private_key and passphrase (any spelling) and a handler's exception message reach no
+    history record, no published event, no last_error and neither form of ``workflows show``."""
+    canaries = ["PK-CANARY-1", "PASS-CANARY-2", "API-CANARY-3", "ERR-SECRET-8888"]
+    await harness.start(
+        "PO-14",
+        amount=5,
+        private_key="PK-CANARY-1",
+        **{"Pass-Phrase": "PASS-CANARY-2", "apiKey": "API-CANARY-3"},
+        explode=True,
+    )
+    await harness.engine.run_due()
+    record = await harness.get("PO-14")
+    assert record.failure_class == "transient" and record.last_error is not None
+    async with harness.engine.sessions() as session:
+        history = await harness.engine.history(session, T, "PO-14")
+        payloads = (await session.execute(text("SELECT payload FROM outbox_events"))).scalars()
+        published = b" ".join(payloads).decode()
+        now_ms = int(harness.clock() * 1000)
+        report = await ops_workflows.describe(session, T, "PO-14", now_ms=now_ms)
+    assert report is not None
+    outputs = {
+        "last_error": record.last_error,
+        "history": json.dumps([h.to_json() for h in history]),
+        "events": published,
+        "show --json": json.dumps(report.to_json()),
+        "show": "\n".join(cli_workflows._report_lines(report)),
+    }
+    leaks = {(where, c) for where, text_ in outputs.items() for c in canaries if c in text_}
+    assert leaks == set()
+    assert "ValueError raised at test_engine.py:" in record.last_error

@@ -15,7 +15,9 @@ CORRELATION = "PO-1:await_approval:4"
 async def test_a_reminder_and_its_timer_are_two_outbox_rows(sqlite_url: str) -> None:
     """Both come from the engine's source; the outbox keeps one row per (source, id), so the
     reminder used to be dropped silently as a duplicate of its own timer."""
-    timer = timer_event("outboxkit/workflows", "acme", "PO-1", CORRELATION, "reminder", 1)
+    timer = timer_event(
+        "outboxkit/workflows", "acme", "PO-1", CORRELATION, "reminder", 1, secret="ab" * 32
+    )
     reminder = reminder_event("outboxkit/workflows", "acme", "PO-1", CORRELATION, 1, {"n": 1})
     assert timer.get_id() != reminder.get_id()
     async with sessions_for(sqlite_url) as sessions:
