@@ -53,6 +53,8 @@ class ConsumerStats:
     dlq_failures: int = 0
     db_commits: int = 0
     offset_commits: int = 0
+    held: int = 0
+    released: int = 0
     dead_lettered_by_class: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
