@@ -243,6 +243,11 @@ class ConsumerRuntime:
         if stuck is not None:
             raise StopTimeoutError(stuck)
 
+    def blocked_keys(self) -> tuple[int, int] | None:
+        """(blocked keys, held records) of this consumer as last read (every few seconds);
+        ``None`` when no handler uses ``on_dead_letter="sequence"``."""
+        return None if self._sequences is None else self._sequences.summary
+
     def in_flight(self) -> list[HandlerCall]:
         """The handler calls running right now, oldest first (safe to call from any thread)."""
         return [] if self._applier is None else self._applier.in_flight.calls()
@@ -449,9 +454,10 @@ class ConsumerRuntime:
         index = 0
         while index < len(records) and self._current(epoch):
             if view is not None and isinstance(steps[index], _Head | _Full):
-                if not await self._blocked_key(tp, view, index, pause):
+                handled = await self._blocked_key(tp, view, index, pause)
+                if handled is None:
                     return index
-                index += 1
+                index += handled
                 continue
             if careful:
                 outcome = await applier.run_careful(records, steps, index)
@@ -491,10 +497,12 @@ class ConsumerRuntime:
         view: BatchView,
         index: int,
         pause: Callable[[float], Awaitable[bool]],
-    ) -> bool:
+    ) -> int | None:
         """Handle the record at ``index`` of a blocked key on its own: a head arriving again
         (applied; its success releases the key, whose held records are applied at once) or a
-        record waiting for room among the held ones. ``False``: abandoned."""
+        record waiting for room among the held ones. Returns how many records it handled (0:
+        the record is to be handled again, its key unblocked meanwhile), ``None`` if abandoned.
+        """
         applier, dlq, keeper = self._applier, self._dlq, self._sequences
         assert applier is not None and dlq is not None and keeper is not None
         step = view.steps[index]
@@ -511,24 +519,30 @@ class ConsumerRuntime:
             )
             waits = 0
             while not await keeper.room(step.record.topic, step.key_hash):
+                # This worker owns the partition: a key an operator released is drained here.
+                drained = await keeper.drain(step.record.topic, step.key_hash, pause)
+                if drained is True:
+                    view.released(step.record.topic, step.key_hash, index)
+                    return 0
+                if drained is None and not self._current(self._epoch):
+                    return None
                 waits += 1
                 if not await pause(self.app.retry.delay(waits)):
-                    return False
+                    return None
             view.steps[index] = view.held(applier.steps([record])[0], record, step.key_hash)
-            return await self._hold_alone(tp, view, index, pause)
+            return 1 if await self._hold_alone(tp, view, index, pause) else None
         assert isinstance(step, _Head)
         letters = await applier.apply_alone(record, pause, also=keeper.release_head(step))
-        if letters is None:
-            return False
-        if not await dlq.deliver(letters, pause):
-            return False
+        if letters is None or not await dlq.deliver(letters, pause):
+            return None
         self._commit(tp, record.offset + 1)
         if letters:
-            return True  # the head failed again: its key stays blocked
+            return 1  # the head failed again: its key stays blocked
         log.info("the head of a blocked key of %s arrived again and was applied", tp.topic)
         drained = await keeper.drain(step.record.topic, step.key_hash, pause)
-        view.released(step, drained is True, index + 1)
-        return drained is not None or self._current(self._epoch)
+        if drained is True:
+            view.released(step.record.topic, step.key_hash, index + 1)
+        return 1
 
     async def _hold_alone(
         self,
@@ -572,6 +586,7 @@ class ConsumerRuntime:
         while not self._stopping:
             try:
                 released = await keeper.released()
+                await keeper.refresh_summary()
                 failures = 0
             except Exception as error:  # the database is away: try again later
                 failures += 1

@@ -117,6 +117,8 @@ class SequenceKeeper:
         # are blocked here, so a batch of a partition without any costs no query at all.
         self._blocked_partitions: set[tuple[str, int]] | None = None
         applier.hold_writer = self._write_holds
+        self.summary = (0, 0)
+        """(blocked keys, held records) of the consumer, as last read."""
 
     @property
     def consumer(self) -> str:
@@ -507,6 +509,19 @@ class SequenceKeeper:
             )
             return [(row.topic, row.kafka_partition, row.key_hash) for row in rows]
 
+    async def refresh_summary(self) -> None:
+        """Read how many keys of the consumer are blocked and how many records they hold."""
+        table = consumer_sequences.c
+        async with self._sessions() as session:
+            row = (
+                await session.execute(
+                    select(func.count(), func.coalesce(func.sum(table.held), 0)).where(
+                        table.consumer == self.consumer
+                    )
+                )
+            ).one()
+        self.summary = (int(row[0]), int(row[1]))
+
     async def room(self, topic: str, hashed: str) -> bool:
         """Whether one more record of the key may be held now."""
         blocks = await self._load_blocks(topic, {hashed})
@@ -596,12 +611,10 @@ class BatchView:
         source, event_id, event_type = _identity(step)
         return _Hold(record, hashed, source, event_id, event_type or _ce_type(record))
 
-    def released(self, head: _Head, unblocked: bool, after: int) -> None:
-        """The head was applied and its held records drained: when the key is unblocked, its
-        later records in this batch are applied after all; otherwise they stay held."""
-        ref = (head.record.topic, head.key_hash)
-        if not unblocked:
-            return
+    def released(self, topic: str, hashed: str, after: int) -> None:
+        """The key's held records were all applied and it is unblocked: its later records in
+        this batch (from ``after`` on) are applied after all."""
+        ref = (topic, hashed)
         self.blocks.pop(ref, None)
         applier = self.keeper._applier
         for index in range(after, len(self.records)):

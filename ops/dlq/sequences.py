@@ -16,7 +16,7 @@ from outboxkit.consumers.sequences import key_hash
 from outboxkit.consumers.tables import consumer_held_events, consumer_sequences
 from outboxkit.ops.access import OpsError
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 Resolution = Literal["skipped", "released"]
 REASON_MAX = 500
@@ -93,7 +93,7 @@ async def list_blocked_keys(
     return [_key_of(row) for row in await session.execute(query)]
 
 
-async def summarize(session: AsyncSession) -> SequenceSummary:
+async def summarize(session: AsyncSession | AsyncConnection) -> SequenceSummary:
     """How many keys are blocked, how many records they hold, and the oldest block."""
     table = consumer_sequences.c
     row = (

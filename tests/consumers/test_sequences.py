@@ -104,6 +104,10 @@ async def test_the_later_records_of_a_key_wait_behind_its_dead_letter_until_it_i
         assert (key["key"], key["state"], key["held"]) == ("K", "blocked", 7)
         assert key["head"]["id"] == "w-3"
         assert key["head"]["error_class"] == "permanent:WidgetRejected"
+        status = await cli("status", "--db-url", db_url, "--bootstrap", kafka_bootstrap, "--json")
+        sequences = status.json()["sequences"]
+        assert (sequences["blocked_keys"], sequences["held"]) == (1, 7), status.out
+        await wait_for(runtime.blocked_keys, lambda seen: seen == (1, 7), DEADLINE_S, "gauges")
 
         fix(db_url, 3)
         replay = await cli(
@@ -259,3 +263,99 @@ async def test_a_consumer_killed_while_releasing_resumes_and_applies_each_once_i
         assert last.wait(60) == 0, log.read_text()
     assert applied(pg_url, 1, 10) == list(range(1, 11))  # each once, in order
     assert count_rows(pg_url, consumer_held_events) == 0
+
+
+async def test_a_rebalance_while_a_key_is_held_keeps_its_order(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    create_tables(pg_url, poison=[3])
+    await create_topic(kafka_bootstrap, topic, partitions=2)
+    await produce_events(kafka_bootstrap, topic, interleaved())
+    app = sequence_app(topic)
+    async with running(app, pg_url, kafka_bootstrap) as (first, first_task):
+        await wait_for(
+            lambda: alive(first_task) or (first.stats.held, first.stats.dead_lettered),
+            lambda seen: seen == (7, 1),
+            DEADLINE_S,
+            "7 held behind 3",
+        )
+        async with running(sequence_app(topic), pg_url, kafka_bootstrap, group=first.group) as (
+            second,
+            second_task,
+        ):
+            await wait_for(
+                lambda: (
+                    alive(first_task)
+                    or alive(second_task)
+                    or (len(first.assignment), len(second.assignment))
+                ),
+                lambda sizes: sizes == (1, 1),
+                DEADLINE_S,
+                "the partitions shared by both members",
+            )
+            fix(pg_url, 3)
+            replay = await cli(
+                "dlq", "replay", f"{topic}.dlq", "--by", "t", "--bootstrap", kafka_bootstrap,
+                "--db-url", pg_url,
+            )  # fmt: skip
+            assert replay.code == 0, replay.err
+            await wait_for(
+                lambda: alive(first_task) or alive(second_task) or rows(pg_url, consumer_sequences),
+                lambda left: left == 0,
+                DEADLINE_S,
+                "the key released by whichever member owns it",
+            )
+    assert applied(pg_url, 1, 10) == list(range(1, 11))
+    assert sorted(applied(pg_url, 101, 105)) == [101, 102, 103, 104, 105]
+
+
+async def test_past_its_bound_a_blocked_key_dead_letters_its_records_in_order(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    create_tables(pg_url, poison=[3])
+    await create_topic(kafka_bootstrap, topic)
+    await produce_events(kafka_bootstrap, topic, interleaved())
+    app = sequence_app(topic, max_held_per_key=3, on_hold_full="dead-letter")
+    async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
+        await wait_for(
+            lambda: alive(task) or (runtime.stats.held, runtime.stats.dead_lettered),
+            lambda seen: seen == (3, 5),
+            DEADLINE_S,
+            "3 held, then 7..10 dead-lettered after 3",
+        )
+        letters = await cli("dlq", "list", f"{topic}.dlq", "--bootstrap", kafka_bootstrap, "--json")
+        assert letters.code == 0, letters.err
+        listed = letters.json()["records"]
+        assert [r["id"] for r in listed] == ["w-3", "w-7", "w-8", "w-9", "w-10"]
+        assert [r["error_class"] for r in listed[1:]] == ["permanent:HeldQueueFullError"] * 4
+    assert applied(pg_url, 1, 10) == [1, 2]
+    assert count_rows(pg_url, consumer_held_events) == 3
+
+
+async def test_past_its_bound_a_blocked_key_makes_its_partition_wait(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    create_tables(pg_url, poison=[3])
+    await create_topic(kafka_bootstrap, topic)
+    await produce_events(kafka_bootstrap, topic, interleaved())
+    app = sequence_app(topic, max_held_per_key=3)  # on_hold_full="stop"
+    async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
+        await wait_for(
+            lambda: alive(task) or committed_offsets(kafka_bootstrap, runtime.group),
+            lambda offsets: offsets.get(TopicPartition(topic, 0)) == 11,
+            DEADLINE_S,
+            "the partition committed up to K's 7, which waits",
+        )
+        assert runtime.stats.held == 3 and runtime.stats.dead_lettered == 1
+        skipped = await cli(
+            "dlq", "sequences", "skip", "--consumer", "billing", "--topic", topic, "--key", "K",
+            "--reason", "given up", "--db-url", pg_url,
+        )  # fmt: skip
+        assert skipped.code == 0, skipped.err
+        await wait_for(
+            lambda: alive(task) or applied_now(pg_url, 1, 10),
+            lambda ns: ns == [1, 2, 4, 5, 6, 7, 8, 9, 10],
+            DEADLINE_S,
+            "4..10 in order once there is room",
+        )
+    assert await rows(pg_url, consumer_sequences) == 0
