@@ -156,7 +156,8 @@ class SequenceKeeper:
                 view.blocks.update(await self._load_blocks(topic, hashes))
                 if view.blocks:
                     view.total_held = await self._total_held()
-        await view.walk(0)
+        if view.blocks or any(isinstance(step, _Failure) and step.permanent for step in steps):
+            await view.walk(0)
         return view
 
     async def _load_blocked_partitions(self) -> set[tuple[str, int]]:
