@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from outboxkit.cli.dlq_sequences import sequences_app
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import (
     BootstrapOption,
@@ -477,3 +478,6 @@ def _print_summary(console: Console, summary: ReplaySummary) -> None:
         console.print("nothing was published (--dry-run)")
     elif summary.already_replayed:
         console.print("records replayed before were skipped; --force republishes them")
+
+
+dlq_app.add_typer(sequences_app, name="sequences")

@@ -246,6 +246,15 @@ def render(report: StatusReport) -> list[RenderableType]:
             )
         else:
             parts.append(Text("actions: none UNKNOWN"))
+        blocked = db.sequences
+        if blocked.blocked_keys:
+            parts.append(
+                Text(
+                    f"sequences: {blocked.blocked_keys} key(s) blocked behind a dead letter, "
+                    f"{blocked.held} record(s) held, oldest blocked for "
+                    f"{_age(blocked.oldest_blocked_age_s)}"
+                )
+            )
         by_consumer = ", ".join(
             f"{name} {rows}, last {_age(db.inbox.last_processed_age_s.get(name))} ago"
             for name, rows in db.inbox.by_consumer.items()

@@ -46,6 +46,14 @@ from outboxkit.consumers.dlq import DEFAULT_DLQ_TOPIC
 from outboxkit.consumers.inbox import DEFAULT_RETENTION_S
 from outboxkit.consumers.metrics import HANDLER_SECONDS
 from outboxkit.consumers.records import KafkaRecord
+from outboxkit.consumers.sequence_policy import (
+    DEFAULT_MAX_HELD,
+    DEFAULT_MAX_HELD_PER_KEY,
+    ON_DEAD_LETTER,
+    ON_HOLD_FULL,
+    OnDeadLetter,
+    OnHoldFull,
+)
 from outboxkit.consumers.tables import CONSUMER_MAX
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.retry import RetryPolicy
@@ -84,6 +92,13 @@ class Handler:
     batch: bool = False
     timeout_s: float | None = None
     """How long one call may run; ``None``: the app's ``handler_timeout_s``."""
+    on_dead_letter: OnDeadLetter = "continue"
+    """``"sequence"``: a dead-lettered record blocks its key (:mod:`.sequences`)."""
+
+    @property
+    def sequenced(self) -> bool:
+        """Whether later records of a key wait behind one of its records dead-lettered."""
+        return self.on_dead_letter == "sequence"
 
     @property
     def name(self) -> str:
@@ -180,6 +195,13 @@ class ConsumerApp:
     (:class:`~outboxkit.consumers.errors.HandlerTimeoutError`): retried, then dead-lettered.
     ``consumer_options`` / ``producer_options``: passed to aiokafka's consumer and to the
     dead-letter producer (security settings, timeouts).
+    ``on_dead_letter``: ``"continue"`` (later records of a dead-lettered record's key are
+    applied as they come) or ``"sequence"`` (they are held until it is replayed, skipped or
+    released: :mod:`.sequences`); a handler's own ``on_dead_letter`` wins.
+    ``max_held_per_key`` / ``max_held``: how many records may be held behind one key, and
+    behind all keys of the consumer; past them ``on_hold_full`` says what happens:
+    ``"stop"`` (the partition waits, order kept) or ``"dead-letter"`` (the record is
+    dead-lettered, in order, and the key stays blocked).
     """
 
     name: str
@@ -199,6 +221,10 @@ class ConsumerApp:
     handler_timeout_s: float = 300.0
     consumer_options: dict[str, Any] = field(default_factory=dict)
     producer_options: dict[str, Any] = field(default_factory=dict)
+    on_dead_letter: OnDeadLetter = "continue"
+    max_held_per_key: int = DEFAULT_MAX_HELD_PER_KEY
+    max_held: int = DEFAULT_MAX_HELD
+    on_hold_full: OnHoldFull = "stop"
     handlers: dict[tuple[str, str], Handler] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +242,19 @@ class ConsumerApp:
             raise ValueError("retention_interval_s must be positive (or None)")
         if "{topic}" not in self.dlq_topic and not _TOPIC_NAME.match(self.dlq_topic):
             raise ValueError(f"invalid dead-letter topic {self.dlq_topic!r}")
+        if self.on_dead_letter not in ON_DEAD_LETTER:
+            raise ValueError("on_dead_letter must be 'continue' or 'sequence'")
+        if self.on_hold_full not in ON_HOLD_FULL:
+            raise ValueError("on_hold_full must be 'stop' or 'dead-letter'")
+        if self.max_held_per_key < 1 or self.max_held < 1:
+            raise ValueError("max_held_per_key and max_held must be at least 1")
+
+    @property
+    def sequenced(self) -> bool:
+        """Whether any handler keeps its keys' order across dead letters."""
+        return self.on_dead_letter == "sequence" or any(
+            handler.sequenced for handler in self.handlers.values()
+        )
 
     @property
     def group_id(self) -> str:
@@ -228,16 +267,29 @@ class ConsumerApp:
         return sorted({topic for topic, _ in self.handlers})
 
     def handler(
-        self, type: str, *, topic: str, timeout_s: float | None = None
+        self,
+        type: str,
+        *,
+        topic: str,
+        timeout_s: float | None = None,
+        on_dead_letter: OnDeadLetter | None = None,
     ) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated function for events of ``type`` on ``topic``.
 
-        ``timeout_s`` bounds one call of it (default: the app's ``handler_timeout_s``).
+        ``timeout_s`` bounds one call of it (default: the app's ``handler_timeout_s``);
+        ``on_dead_letter`` overrides the app's (``"sequence"``: keep the key's order).
         """
-        return self._register(type, topic, batch=False, timeout_s=timeout_s)
+        return self._register(
+            type, topic, batch=False, timeout_s=timeout_s, on_dead_letter=on_dead_letter
+        )
 
     def batch_handler(
-        self, type: str, *, topic: str, timeout_s: float | None = None
+        self,
+        type: str,
+        *,
+        topic: str,
+        timeout_s: float | None = None,
+        on_dead_letter: OnDeadLetter | None = None,
     ) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register the decorated async function for *batches* of events of ``type``.
 
@@ -246,12 +298,21 @@ class ConsumerApp:
         new events of one partition in one transaction, so it can write all their effects in
         one statement. If it raises, none of the batch took effect and each event of it is
         handled again on its own (a batch of one), so retries and dead letters stay per event.
-        ``timeout_s`` bounds one call (default: the app's ``handler_timeout_s``).
+        ``timeout_s`` bounds one call (default: the app's ``handler_timeout_s``);
+        ``on_dead_letter`` overrides the app's.
         """
-        return self._register(type, topic, batch=True, timeout_s=timeout_s)
+        return self._register(
+            type, topic, batch=True, timeout_s=timeout_s, on_dead_letter=on_dead_letter
+        )
 
     def _register(
-        self, type: str, topic: str, *, batch: bool, timeout_s: float | None
+        self,
+        type: str,
+        topic: str,
+        *,
+        batch: bool,
+        timeout_s: float | None,
+        on_dead_letter: OnDeadLetter | None,
     ) -> Callable[[HandlerFunc], HandlerFunc]:
         if not type:
             raise ValueError("event type must be a non-empty string")
@@ -259,12 +320,17 @@ class ConsumerApp:
             raise ValueError("timeout_s must be positive (or None for the app's default)")
         if not _TOPIC_NAME.match(topic):
             raise ValueError(f"invalid Kafka topic name {topic!r}")
+        if on_dead_letter is not None and on_dead_letter not in ON_DEAD_LETTER:
+            raise ValueError("on_dead_letter must be 'continue' or 'sequence'")
+        policy = on_dead_letter or self.on_dead_letter
 
         def register(func: HandlerFunc) -> HandlerFunc:
             if (topic, type) in self.handlers:
                 raise ValueError(f"a handler for {type!r} on {topic!r} is already registered")
             handler = _describe(topic, type, func, batch)
-            self.handlers[(topic, type)] = dataclasses.replace(handler, timeout_s=timeout_s)
+            self.handlers[(topic, type)] = dataclasses.replace(
+                handler, timeout_s=timeout_s, on_dead_letter=policy
+            )
             return func
 
         return register

@@ -68,6 +68,40 @@ _SKIP: Final = _Skip.SKIP
 
 
 @dataclass(slots=True)
+class _Hold:
+    """A record of a blocked key (``on_dead_letter="sequence"``): stored, not applied."""
+
+    record: ConsumerRecord
+    key_hash: str
+    source: str | None
+    event_id: str | None
+    event_type: str | None
+
+
+@dataclass(slots=True)
+class _Head:
+    """The dead-lettered head of a blocked key, arriving again (replayed or redelivered): it is
+    applied alone, and its success releases the records held behind it."""
+
+    record: ConsumerRecord
+    key_hash: str
+
+
+@dataclass(slots=True)
+class _Full:
+    """A record of a blocked key whose held records reached their bound
+    (``on_hold_full="stop"``): its partition waits until there is room."""
+
+    record: ConsumerRecord
+    key_hash: str
+
+
+HoldWriter = Callable[[AsyncSession, Sequence[_Hold]], Awaitable[None]]
+"""Stores held records in the transaction of their chunk (:mod:`.sequences`)."""
+Extra = Callable[[AsyncSession], Awaitable[None]]
+
+
+@dataclass(slots=True)
 class _Failure:
     """A failed attempt (decoding or the handler) of a record: its error and when."""
 
@@ -85,7 +119,7 @@ def _failure(error: BaseException) -> _Failure:
 
 
 # What a record became before any database work: a handler to run, _SKIP, or a failure.
-_Step = _Run | _Skip | _Failure
+_Step = _Run | _Skip | _Failure | _Hold | _Head | _Full
 
 
 @dataclass(slots=True)
@@ -142,8 +176,9 @@ def _now_ms() -> int:
 
 
 def _blocks(step: _Step) -> bool:
-    """Whether a record's step stops an optimistic chunk: a failure that is to be retried."""
-    return isinstance(step, _Failure) and not step.permanent
+    """Whether a record's step stops a chunk: a failure that is to be retried, or a record
+    of a blocked key that is handled on its own (a head arriving again, a full hold)."""
+    return isinstance(step, _Head | _Full) or (isinstance(step, _Failure) and not step.permanent)
 
 
 class Applier:
@@ -167,6 +202,8 @@ class Applier:
         self._stats = stats
         self._on_db_commit = on_db_commit
         self.in_flight = InFlight()
+        # Set by the runtime when the app has handlers with on_dead_letter="sequence".
+        self.hold_writer: HoldWriter | None = None
 
     def steps(self, records: Sequence[ConsumerRecord]) -> list[_Step]:
         """Decode ``records`` and bind their handlers' arguments, before any database work."""
@@ -303,13 +340,16 @@ class Applier:
         Raises :class:`_HandlerFailed` (after the rollback) when a handler raises.
         """
         runs = [(i, step) for i in range(start, stop) if isinstance(step := steps[i], _Run)]
+        holds = [step for i in range(start, stop) if isinstance(step := steps[i], _Hold)]
         unhandled = sum(1 for i in range(start, stop) if steps[i] is _SKIP)
         applied = 0
-        if runs:
+        if runs or holds:
             failed: _HandlerFailed | None = None
             calls = self._telemetry.transaction()
             try:
                 async with self._sessions() as session, session.begin():
+                    if holds:
+                        await self._hold(session, holds)
                     fresh = await claim_many(
                         session, self.app.name, [(run.source, run.event_id) for _, run in runs]
                     )
@@ -346,12 +386,17 @@ class Applier:
         self._stats.applied += applied
         self._stats.duplicates += len(runs) - applied
         self._stats.unhandled += unhandled
+        self._stats.held += len(holds)
+
+    async def _hold(self, session: AsyncSession, holds: Sequence[_Hold]) -> None:
+        assert self.hold_writer is not None, "held records without a sequence keeper"
+        await self.hold_writer(session, holds)
 
     async def run_careful(
         self, records: Sequence[ConsumerRecord], steps: list[_Step], start: int
     ) -> _ChunkOutcome:
         """Apply records in one transaction, a savepoint each, until one needs a retry."""
-        done, applied, duplicates, unhandled = 0, 0, 0, 0
+        done, applied, duplicates, unhandled, held = 0, 0, 0, 0, 0
         letters: list[DeadLetter] = []
         failure: _Failure | None = None
         calls = self._telemetry.transaction()
@@ -359,7 +404,12 @@ class Applier:
             async with self._sessions() as session, session.begin():
                 for index in range(start, min(len(records), start + CAREFUL_CHUNK)):
                     record, step = records[index], steps[index]
-                    if isinstance(step, _Failure):
+                    if isinstance(step, _Head | _Full):
+                        break  # handled on its own by the runtime
+                    if isinstance(step, _Hold):
+                        await self._hold(session, [step])
+                        held += 1
+                    elif isinstance(step, _Failure):
                         if not step.permanent:
                             failure = step
                             break
@@ -375,6 +425,10 @@ class Applier:
                                 failure = _failure(error)
                                 break
                             letters.append(self._permanent_letter(record, _failure(error)))
+                            if step.handler.sequenced:
+                                # Its key is blocked before any later record of it is seen.
+                                done += 1
+                                break
                         else:
                             applied += fresh
                             duplicates += not fresh
@@ -391,6 +445,7 @@ class Applier:
         self._stats.applied += applied
         self._stats.duplicates += duplicates
         self._stats.unhandled += unhandled
+        self._stats.held += held
         return _ChunkOutcome(done, letters, failure)
 
     def _permanent_letter(self, record: ConsumerRecord, failure: _Failure) -> DeadLetter:
@@ -407,6 +462,29 @@ class Applier:
         Returns the dead letters to deliver (none once it was applied or skipped, its own
         when given up), or ``None`` when ``pause`` said to abandon it (stop or revocation).
         """
+        return await self.apply_alone(record, pause, failure=failure)
+
+    async def apply_alone(
+        self,
+        record: ConsumerRecord,
+        pause: Callable[[float], Awaitable[bool]],
+        *,
+        failure: _Failure | None = None,
+        also: Extra | None = None,
+    ) -> list[DeadLetter] | None:
+        """Apply one record in a transaction of its own, retrying with backoff until it passes
+        or is given up; as :meth:`retry_alone`.
+
+        ``failure``: its first attempt failed already (the next one waits for the backoff).
+        ``also(session)``: more work in each attempt's transaction, committed with the effect
+        (a blocked key's bookkeeping, :mod:`.sequences`).
+        """
+        if failure is None:
+            failure = await self._attempt(record, 1, also)
+            if failure is None:
+                return []
+            if failure.permanent:
+                return [self._permanent_letter(record, failure)]
         attempts, error = 1, failure.error
         first_ms = last_ms = failure.at_ms
         where = f"{record.topic}[{record.partition}]@{record.offset}"
@@ -427,26 +505,42 @@ class Applier:
                 log.info("abandoned retry of %s (stopping or partitions revoked)", where)
                 return None
             self._stats.retries += 1
-            calls = self._telemetry.transaction()
-            try:
-                step = self._prepare(record)
-                if step is _SKIP:
-                    self._stats.unhandled += 1
-                    return []
-                async with self._sessions() as session, session.begin():
-                    fresh = await self._apply(session, step, calls, attempts + 1)
-            except Exception as next_error:
-                calls.rolled_back()
-                attempts, error, last_ms = attempts + 1, next_error, _now_ms()
-                if classify(error) is Category.PERMANENT:
+            next_failure = await self._attempt(record, attempts + 1, also)
+            if next_failure is not None:
+                attempts, error, last_ms = attempts + 1, next_failure.error, next_failure.at_ms
+                if next_failure.permanent:
                     return [self._letter(record, "permanent", error, attempts, first_ms, last_ms)]
                 continue
-            calls.committed()
-            self._after_db_commit()
-            self._stats.applied += fresh
-            self._stats.duplicates += not fresh
             log.info("partition %s[%d] unblocked", record.topic, record.partition)
             return []
+
+    async def _attempt(
+        self, record: ConsumerRecord, attempt: int, also: Extra | None
+    ) -> _Failure | None:
+        """One attempt at ``record`` (and ``also``) in a transaction; its failure, if any."""
+        calls = self._telemetry.transaction()
+        try:
+            step = self._prepare(record)
+            if step is _SKIP and also is None:
+                self._stats.unhandled += 1
+                return None
+            async with self._sessions() as session, session.begin():
+                fresh = False
+                if isinstance(step, _Run):
+                    fresh = await self._apply(session, step, calls, attempt)
+                if also is not None:
+                    await also(session)
+        except Exception as error:
+            calls.rolled_back()
+            return _failure(error)
+        calls.committed()
+        if step is _SKIP:
+            self._stats.unhandled += 1
+            return None
+        self._after_db_commit()
+        self._stats.applied += fresh
+        self._stats.duplicates += not fresh
+        return None
 
     def _after_db_commit(self) -> None:
         self._stats.db_commits += 1

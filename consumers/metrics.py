@@ -53,6 +53,8 @@ class ConsumerStats:
     dlq_failures: int = 0
     db_commits: int = 0
     offset_commits: int = 0
+    held: int = 0
+    released: int = 0
     dead_lettered_by_class: dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
@@ -96,6 +98,22 @@ class RuntimeCollector(Collector):
         for (topic, partition), value in sorted(self.runtime.positions.lags().items()):
             lag.add_metric([name, topic, str(partition)], value)
         yield lag
+        blocked = self.runtime.blocked_keys()
+        if blocked is not None:  # only a consumer with on_dead_letter="sequence" handlers
+            keys = GaugeMetricFamily(
+                "outboxkit_consumer_blocked_keys",
+                "Keys whose later records wait behind a dead-lettered head (sequence mode).",
+                labels=["consumer"],
+            )
+            keys.add_metric([name], blocked[0])
+            yield keys
+            held = GaugeMetricFamily(
+                "outboxkit_consumer_held_records",
+                "Records held behind blocked keys, waiting to be applied in order.",
+                labels=["consumer"],
+            )
+            held.add_metric([name], blocked[1])
+            yield held
 
 
 class Positions:

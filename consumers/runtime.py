@@ -14,20 +14,21 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import IllegalStateError
 from outboxkit.consumers.app import ConsumerApp
-from outboxkit.consumers.apply import Applier, HandlerInterrupt
+from outboxkit.consumers.apply import Applier, HandlerInterrupt, _Full, _Head, _Hold
 from outboxkit.consumers.dlq import DeadLetterDelivery, DeadLetterPublisher
 from outboxkit.consumers.errors import ConsumerError, StopTimeoutError, unreachable
 from outboxkit.consumers.in_flight import HandlerCall
 from outboxkit.consumers.inbox import retain_inbox
 from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
+from outboxkit.consumers.sequences import BatchView, SequenceKeeper
 from outboxkit.consumers.signals import StopSignals
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.backoff import Backoff
@@ -43,6 +44,7 @@ log = logging.getLogger("outboxkit.consumer")
 POLL_TIMEOUT_MS = 500
 DEFAULT_STOP_TIMEOUT_S = 30.0
 STOP_CANCEL_WAIT_S = 5.0  # after the stop deadline: for cancelled handlers to roll back
+SEQUENCE_SWEEP_S = 2.0  # how often released keys of idle partitions are looked for
 PARTITIONS_AT_ONCE = 4  # below the engine pool (5 + 10 overflow), with room for retention
 # Fetch defaults (a consumer option of the app or the caller wins). aiokafka buffers fetched
 # data unparsed, about max_partition_fetch_bytes per assigned partition and never more than
@@ -122,6 +124,8 @@ class ConsumerRuntime:
         self._started = False
         self._retention: asyncio.Task[None] | None = None
         self._applier: Applier | None = None
+        self._sequences: SequenceKeeper | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._dlq: DeadLetterDelivery | None = None
         self._offsets: OffsetCommitter | None = None
         # Partitions applied at once, each with a connection of its own (bounded by the pool).
@@ -180,6 +184,10 @@ class ConsumerRuntime:
             self.stats,
             self._on_db_commit,
         )
+        if self.app.sequenced:
+            self._sequences = SequenceKeeper(
+                self._applier, async_sessionmaker(engine, expire_on_commit=False), self._dlq
+            )
         await publisher.start()
         consumer = self._consumer = self._new_consumer()
         self._offsets = OffsetCommitter(consumer, self.stats)
@@ -204,6 +212,8 @@ class ConsumerRuntime:
                 )
             )
         self._running = asyncio.create_task(self._loop(consumer))
+        if self._sequences is not None:
+            self._sweeper = asyncio.create_task(self._sweep_released(consumer))
         log.info("consumer %s started", self.app.name)
 
     async def stop(self) -> None:
@@ -232,6 +242,11 @@ class ConsumerRuntime:
             await self._close()
         if stuck is not None:
             raise StopTimeoutError(stuck)
+
+    def blocked_keys(self) -> tuple[int, int] | None:
+        """(blocked keys, held records) of this consumer as last read (every few seconds);
+        ``None`` when no handler uses ``on_dead_letter="sequence"``."""
+        return None if self._sequences is None else self._sequences.summary
 
     def in_flight(self) -> list[HandlerCall]:
         """The handler calls running right now, oldest first (safe to call from any thread)."""
@@ -298,6 +313,9 @@ class ConsumerRuntime:
         self._closed = True
         self._stopping = True
         await self.readiness.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         if self._retention is not None:
             self._retention.cancel()
             await asyncio.gather(self._retention, return_exceptions=True)
@@ -435,15 +453,24 @@ class ConsumerRuntime:
                 await self._partition_slots.acquire()
 
         steps = applier.steps(records)
+        view = None if self._sequences is None else await self._sequences.mark(records, steps)
         careful = False
         index = 0
         while index < len(records) and self._current(epoch):
+            if view is not None and isinstance(steps[index], _Head | _Full):
+                handled = await self._blocked_key(tp, view, index, pause)
+                if handled is None:
+                    return index
+                index += handled
+                continue
             if careful:
                 outcome = await applier.run_careful(records, steps, index)
             else:
                 outcome = await applier.run_optimistic(records, steps, index)
                 careful = outcome.fell_back
             if outcome.done:
+                if view is not None:
+                    await view.blocked_by(outcome.letters, index + outcome.done)
                 if not await dlq.deliver(outcome.letters, pause):
                     return index
                 self._commit(tp, records[index + outcome.done - 1].offset + 1)
@@ -451,14 +478,155 @@ class ConsumerRuntime:
             if outcome.failure is None:
                 continue
             record = records[index]
+            if view is not None and isinstance(steps[index], _Hold):
+                # The chunk failed as a whole (the database): store this one alone, held.
+                if not await self._hold_alone(tp, view, index, pause):
+                    return index
+                index += 1
+                continue
             letters = await applier.retry_alone(record, outcome.failure, pause)
             if letters is None:
                 return index  # abandoned: revoked or stopping; the record will be redelivered
+            if view is not None:
+                await view.blocked_by(letters, index + 1)
             if not await dlq.deliver(letters, pause):
                 return index
             self._commit(tp, record.offset + 1)
             index += 1
         return index
+
+    async def _blocked_key(
+        self,
+        tp: TopicPartition,
+        view: BatchView,
+        index: int,
+        pause: Callable[[float], Awaitable[bool]],
+    ) -> int | None:
+        """Handle the record at ``index`` of a blocked key on its own: a head arriving again
+        (applied; its success releases the key, whose held records are applied at once) or a
+        record waiting for room among the held ones. Returns how many records it handled (0:
+        the record is to be handled again, its key unblocked meanwhile), ``None`` if abandoned.
+        """
+        applier, dlq, keeper = self._applier, self._dlq, self._sequences
+        assert applier is not None and dlq is not None and keeper is not None
+        step = view.steps[index]
+        record = view.records[index]
+        if isinstance(step, _Full):
+            log.warning(
+                "partition %s[%d] waits at offset %d: the held records of a blocked key are "
+                "at their bound (max_held_per_key=%d, max_held=%d)",
+                tp.topic,
+                tp.partition,
+                record.offset,
+                self.app.max_held_per_key,
+                self.app.max_held,
+            )
+            waits = 0
+            while not await keeper.room(step.record.topic, step.key_hash):
+                # This worker owns the partition: a key an operator released is drained here.
+                drained = await keeper.drain(step.record.topic, step.key_hash, pause)
+                if drained is True:
+                    view.released(step.record.topic, step.key_hash, index)
+                    return 0
+                if drained is None and not self._current(self._epoch):
+                    return None
+                waits += 1
+                if not await pause(self.app.retry.delay(waits)):
+                    return None
+            view.steps[index] = view.held(applier.steps([record])[0], record, step.key_hash)
+            return 1 if await self._hold_alone(tp, view, index, pause) else None
+        assert isinstance(step, _Head)
+        letters = await applier.apply_alone(record, pause, also=keeper.release_head(step))
+        if letters is None or not await dlq.deliver(letters, pause):
+            return None
+        self._commit(tp, record.offset + 1)
+        if letters:
+            return 1  # the head failed again: its key stays blocked
+        log.info("the head of a blocked key of %s arrived again and was applied", tp.topic)
+        drained = await keeper.drain(step.record.topic, step.key_hash, pause)
+        if drained is True:
+            view.released(step.record.topic, step.key_hash, index + 1)
+        return 1
+
+    async def _hold_alone(
+        self,
+        tp: TopicPartition,
+        view: BatchView,
+        index: int,
+        pause: Callable[[float], Awaitable[bool]],
+    ) -> bool:
+        """Store the held record at ``index`` in a transaction of its own, retrying with
+        backoff while the database fails; ``False``: abandoned (stop or revocation)."""
+        keeper = self._sequences
+        assert keeper is not None
+        step = view.steps[index]
+        assert isinstance(step, _Hold)
+        failures = 0
+        while True:
+            try:
+                await keeper.hold_alone(step)
+            except Exception as error:
+                failures += 1
+                log.warning(
+                    "could not hold %s[%d]@%d (%s); retrying",
+                    tp.topic,
+                    tp.partition,
+                    step.record.offset,
+                    type(error).__name__,
+                )
+                if not await pause(self.app.retry.delay(failures)):
+                    return False
+                continue
+            self.stats.held += 1
+            self._commit(tp, step.record.offset + 1)
+            return True
+
+    async def _sweep_released(self, consumer: AIOKafkaConsumer) -> None:
+        """Drain the released keys of assigned partitions that no batch is working on (keys
+        an operator skipped or released, or whose drain a stop or a crash interrupted)."""
+        keeper = self._sequences
+        assert keeper is not None
+        failures = 0
+        while not self._stopping:
+            try:
+                released = await keeper.released()
+                await keeper.refresh_summary()
+                failures = 0
+            except Exception as error:  # the database is away: try again later
+                failures += 1
+                log.warning("could not read released keys (%s)", type(error).__name__)
+                released = []
+            for topic, partition, hashed in released:
+                tp = TopicPartition(topic, partition)
+                if tp in self._workers or tp not in consumer.assignment() or self._stopping:
+                    continue
+                consumer.pause(tp)
+                worker = asyncio.create_task(self._drain_work(consumer, tp, hashed, self._epoch))
+                self._workers[tp] = worker
+                worker.add_done_callback(functools.partial(self._worker_done, tp))
+            await asyncio.sleep(SEQUENCE_SWEEP_S * (1 + min(failures, 5)))
+
+    async def _drain_work(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, hashed: str, epoch: int
+    ) -> None:
+        keeper = self._sequences
+        assert keeper is not None
+
+        async def pause(delay: float) -> bool:
+            self._partition_slots.release()
+            try:
+                return await self._pause(delay, epoch)
+            finally:
+                await self._partition_slots.acquire()
+
+        try:
+            async with self._partition_slots:
+                if self._current(epoch):
+                    await keeper.drain(tp.topic, hashed, pause)
+        finally:
+            if not self._stopping:
+                with contextlib.suppress(IllegalStateError):
+                    consumer.resume(tp)
 
     def _commit(self, tp: TopicPartition, offset: int) -> None:
         """Everything of ``tp`` before ``offset`` is done: commit it in the background."""
@@ -497,6 +665,8 @@ class ConsumerRuntime:
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.assignment = set(assigned)
+        if self._sequences is not None:
+            self._sequences.assigned()
         self.readiness.mark_assigned(len(assigned))
         log.info("partitions assigned: %s", describe_partitions(assigned))
 

@@ -7,7 +7,7 @@ migration ``0002_inbox``.
 from __future__ import annotations
 
 from outboxkit.outbox.tables import metadata
-from sqlalchemy import BigInteger, Column, Index, String, Table
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Table
 
 CONSUMER_MAX = 200
 SOURCE_MAX = 512
@@ -24,3 +24,53 @@ inbox_events = Table(
 
 # Retention deletes the oldest rows first.
 Index("ix_inbox_events_processed_ms", inbox_events.c.processed_ms)
+
+# Dead letters that keep the order (``on_dead_letter="sequence"``): a key whose head record was
+# dead-lettered is *blocked* for the consumer; its later records are *held* until the head is
+# resolved, then applied in their order. Created by the migration ``0016_consumer_sequences``.
+KEY_HASH_MAX = 64  # sha256 hex of the raw Kafka key
+KEY_SHOWN_MAX = 200
+TOPIC_MAX = 249
+
+consumer_sequences = Table(
+    "consumer_sequences",
+    metadata,
+    Column("consumer", String(CONSUMER_MAX), primary_key=True),
+    Column("topic", String(TOPIC_MAX), primary_key=True),
+    Column("key_hash", String(KEY_HASH_MAX), primary_key=True),
+    Column("key_shown", String(KEY_SHOWN_MAX), nullable=False),
+    Column("kafka_partition", Integer, nullable=False),
+    # "blocked": its head is dead-lettered; "released": the head was applied, skipped or
+    # released by an operator, and the held records are being applied (the row goes when done).
+    Column("state", String(16), nullable=False),
+    Column("head_source", String(SOURCE_MAX), nullable=True),
+    Column("head_event_id", String(EVENT_ID_MAX), nullable=True),
+    Column("head_offset", BigInteger, nullable=True),
+    Column("head_error", String(200), nullable=True),
+    Column("held", Integer, nullable=False),
+    Column("blocked_ms", BigInteger, nullable=False),
+    Column("resolution", String(16), nullable=True),
+    Column("resolved_by", String(128), nullable=True),
+    Column("reason", String(500), nullable=True),
+    Column("drainer", String(64), nullable=True),
+    Column("drain_until_ms", BigInteger, nullable=True),
+)
+Index("ix_consumer_sequences_state", consumer_sequences.c.consumer, consumer_sequences.c.state)
+
+consumer_held_events = Table(
+    "consumer_held_events",
+    metadata,
+    Column("consumer", String(CONSUMER_MAX), primary_key=True),
+    Column("topic", String(TOPIC_MAX), primary_key=True),
+    Column("key_hash", String(KEY_HASH_MAX), primary_key=True),
+    Column("kafka_offset", BigInteger, primary_key=True),
+    Column("kafka_partition", Integer, nullable=False),
+    Column("source", String(SOURCE_MAX), nullable=True),
+    Column("event_id", String(EVENT_ID_MAX), nullable=True),
+    Column("event_type", String(EVENT_ID_MAX), nullable=True),
+    Column("record_key", LargeBinary, nullable=True),
+    Column("record_value", LargeBinary, nullable=True),
+    Column("record_headers", LargeBinary, nullable=False),
+    Column("record_timestamp", BigInteger, nullable=True),
+    Column("held_ms", BigInteger, nullable=False),
+)

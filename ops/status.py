@@ -34,6 +34,7 @@ from outboxkit.ops.access import (
     require_tables,
 )
 from outboxkit.ops.dlq.reader import DlqReader
+from outboxkit.ops.dlq.sequences import summarize as summarize_sequences
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.db import parse_url
@@ -114,6 +115,16 @@ class InboxInfo:
 
 
 @dataclass
+class SequencesInfo:
+    """Keys held behind a dead-lettered head (``on_dead_letter="sequence"``), and the oldest."""
+
+    blocked_keys: int = 0
+    held: int = 0
+    oldest_blocked_ms: int | None = None
+    oldest_blocked_age_s: float | None = None
+
+
+@dataclass
 class DatabaseStatus:
     """What the database says: outbox, relays, shard leases, actions, inbox."""
 
@@ -124,6 +135,7 @@ class DatabaseStatus:
     actions: ActionsInfo
     inbox: InboxInfo
     slots: list[SlotLag] = field(default_factory=list)
+    sequences: SequencesInfo = field(default_factory=SequencesInfo)
 
 
 @dataclass
@@ -229,7 +241,7 @@ class StatusReport:
             "kafka": _state(self.kafka),
         }
         if isinstance(db, Unreachable):
-            for name in ("outbox", "relays", "shards", "actions", "inbox", "slots"):
+            for name in ("outbox", "relays", "shards", "actions", "inbox", "slots", "sequences"):
                 report[name] = _state(db)
         else:
             report["outbox"] = {**_state(None), **asdict(db.outbox)}
@@ -248,6 +260,7 @@ class StatusReport:
             report["actions"] = {**_state(None), **asdict(db.actions)}
             report["inbox"] = {**_state(None), **asdict(db.inbox)}
             report["slots"] = {**_state(None), "items": [asdict(slot) for slot in db.slots]}
+            report["sequences"] = {**_state(None), **asdict(db.sequences)}
         if isinstance(self.consumers, Unreachable):
             report["consumers"] = _state(self.consumers)
         else:
@@ -458,6 +471,7 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
             )
         )
         slots = await slot_lags(connection)
+        blocked = await summarize_sequences(connection)
     relay_infos = []
     for relay_id in sorted(set(relays) | set(held)):
         registered = relays.get(relay_id)  # None: a lease holder that is not registered
@@ -495,6 +509,12 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
             last_processed_age_s={row.consumer: (now_ms - row.last) / 1000 for row in inbox_rows},
         ),
         slots=slots,
+        sequences=SequencesInfo(
+            blocked_keys=blocked.blocked_keys,
+            held=blocked.held,
+            oldest_blocked_ms=blocked.oldest_blocked_ms,
+            oldest_blocked_age_s=_age_s(now_ms, blocked.oldest_blocked_ms),
+        ),
     )
 
 
