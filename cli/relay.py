@@ -12,20 +12,24 @@ from outboxkit.cli import signals
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import (
     BootstrapOption,
+    JsonLogsOption,
+    LogLevelOption,
     SaslMechanismOption,
     SaslUsernameOption,
     SecurityProtocolOption,
     SslCafileOption,
     SslCertfileOption,
     SslKeyfileOption,
+    duration_option,
     kafka_from,
     settings_from,
 )
-from outboxkit.ops.access import ping_database
-from outboxkit.outbox.db import make_async_engine
+from outboxkit.ops.access import DEFAULT_TIMEOUT_S, ops_engine, ping_database
+from outboxkit.outbox.db import make_async_engine, require_tables
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.relay import Relay, RelayOptions
+from outboxkit.relay.runner import RELAY_TABLES
 from outboxkit.relay.slot import Slot, default_slot_name, require_logical
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -41,17 +45,28 @@ def relay(
     ssl_certfile: Path | None = SslCertfileOption,
     ssl_keyfile: Path | None = SslKeyfileOption,
     batch_size: int = typer.Option(500, min=1, max=10_000, help="Rows per claim."),
-    lease_ttl: float = typer.Option(
+    lease_ttl: float = duration_option(
         30.0,
-        help="Seconds a dead relay blocks its shards; at least twice --request-timeout-ms "
-        "(20 with its default).",
+        "--lease-ttl",
+        help="How long a dead relay blocks its shards; at least twice --request-timeout "
+        "(20s with its default).",
     ),
-    poll_interval: float = typer.Option(1.0, min=0.01, help="Seconds between polls."),
+    poll_interval: float = duration_option(
+        1.0, "--poll-interval", minimum_s=0.01, help="Time between polls."
+    ),
     max_attempts: int = typer.Option(10, min=1, help="Failed publishes before a row is parked."),
-    retention: float = typer.Option(
-        7 * 24 * 3600.0, min=0.0, help="Seconds to keep published rows; 0 deletes at once."
+    retention: float = duration_option(
+        7 * 24 * 3600.0,
+        "--retention",
+        minimum_s=0.0,
+        help="How long to keep published rows (7d); 0 deletes at once.",
     ),
-    request_timeout_ms: int = typer.Option(10_000, min=1000, help="Kafka request timeout."),
+    request_timeout: float = duration_option(
+        10.0, "--request-timeout", minimum_s=1.0, help="Kafka request timeout."
+    ),
+    request_timeout_ms: int | None = typer.Option(
+        None, "--request-timeout-ms", min=1000, hidden=True, help="Deprecated: --request-timeout."
+    ),
     max_request_size: int = typer.Option(
         1024 * 1024, min=1024, help="Largest record in bytes; a larger row fails and is parked."
     ),
@@ -78,7 +93,8 @@ def relay(
     ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
-    json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
     metrics_port: int | None = typer.Option(
         None,
         "--metrics-port",
@@ -91,7 +107,7 @@ def relay(
     ),
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
-    configure_logging(json_lines=json_logs)
+    configure_logging(log_level, json_lines=json_logs)
     settings = settings_from(db_url)
     kafka = kafka_from(
         bootstrap,
@@ -102,11 +118,13 @@ def relay(
         ssl_certfile,
         ssl_keyfile,
     )
-    shortest_lease_s = 2 * request_timeout_ms / 1000
+    if request_timeout_ms is not None:
+        request_timeout = request_timeout_ms / 1000
+    shortest_lease_s = 2 * request_timeout
     if lease_ttl < shortest_lease_s:
         raise typer.BadParameter(
-            f"{lease_ttl:g} is below {shortest_lease_s:g}, twice --request-timeout-ms "
-            f"({request_timeout_ms} ms): a batch in flight must not outlive its lease",
+            f"{lease_ttl:g}s is below {shortest_lease_s:g}s, twice --request-timeout "
+            f"({request_timeout:g}s): a batch in flight must not outlive its lease",
             param_hint="--lease-ttl",
         )
     try:
@@ -116,7 +134,7 @@ def relay(
             poll_interval_s=poll_interval,
             max_attempts=max_attempts,
             retention_s=retention,
-            request_timeout_s=request_timeout_ms / 1000,
+            request_timeout_s=request_timeout,
             max_request_size=max_request_size,
             listen=not no_listen,
             mode=mode,  # type: ignore[arg-type]  # checked by RelayOptions
@@ -135,7 +153,23 @@ def relay(
         serve_metrics(metrics_port, metrics_address, relay_process.readiness)
     if drain:  # a one-off run fails fast on a misconfigured database instead of retrying
         asyncio.run(ping_database(settings.db_url))
+    # An unmigrated database is one line before the relay starts (no started/stopped lines).
+    asyncio.run(require_migrated(settings.db_url, strict=drain))
     asyncio.run(_run(relay_process, drain))
+
+
+async def require_migrated(db_url: str, *, strict: bool) -> None:
+    """Raise :class:`NotMigratedError` if the relay's tables are missing. An unreachable
+    database raises only if ``strict``; else the relay starts and retries it with backoff."""
+    engine = ops_engine(db_url, DEFAULT_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+            await require_tables(engine, RELAY_TABLES)
+    except (DBAPIError, OSError, TimeoutError):
+        if strict:
+            raise
+    finally:
+        await engine.dispose()
 
 
 async def logical_slot(db_url: str, name: str | None, *, drop: bool) -> None:
