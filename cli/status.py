@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
@@ -158,7 +159,8 @@ def status(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        ops_console().print(Group(*render(report)))
+        # Piped, a long cause stays on one line for grep and log collectors.
+        ops_console().print(Group(*render(report)), soft_wrap=not sys.stdout.isatty())
     for line in report.crossed:
         typer.echo(f"outboxkit: threshold crossed: {line}", err=True)
     for line in report.unreachable():
