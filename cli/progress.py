@@ -30,8 +30,9 @@ class ProgressReport:
     """``update(done, total)`` as the work goes on, ``close()`` at the end.
 
     Disabled (``enabled=False``, e.g. with ``--json``) it shows nothing. On a terminal it is a
-    rich bar; otherwise a plain ``label: done of total`` line at the first update, then at
-    most every ``every_s`` seconds, and one at the end.
+    rich bar; otherwise a plain ``label: done of total`` line once ``every_s`` seconds have
+    passed, then at most every ``every_s`` seconds, and one at the end if any was printed
+    (work done within ``every_s`` prints nothing).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class ProgressReport:
         self._every_s = every_s
         self._rich: Progress | None = None
         self._task: Any = None
+        self._began = time.monotonic()
         self._last_plain: float | None = None
         self._last: tuple[int, int | None] | None = None
         if enabled and self._stream.isatty():
@@ -73,7 +75,7 @@ class ProgressReport:
             self._rich.update(self._task, completed=done, total=total)
             return
         now = time.monotonic()
-        if self._last_plain is None or now - self._last_plain >= self._every_s:
+        if now - (self._last_plain or self._began) >= self._every_s:
             self._plain(done, total)
             self._last_plain = now
 
@@ -81,7 +83,7 @@ class ProgressReport:
         """End the display: the bar goes away; plain mode prints the last figures once more."""
         if self._rich is not None and self._task is not None:
             self._rich.stop()
-        elif self._enabled and self._last is not None and self._rich is None:
+        elif self._last_plain is not None and self._last is not None:
             self._plain(*self._last)
 
     def _plain(self, done: int, total: int | None) -> None:

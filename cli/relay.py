@@ -24,7 +24,9 @@ from outboxkit.cli.options import (
     kafka_from,
     settings_from,
 )
+from outboxkit.cli.progress import ProgressReport
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S, ops_engine, ping_database
+from outboxkit.ops.outbox_rows import count_rows
 from outboxkit.outbox.db import make_async_engine, require_tables
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
@@ -33,6 +35,8 @@ from outboxkit.relay.runner import RELAY_TABLES
 from outboxkit.relay.slot import Slot, default_slot_name, require_logical
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+
+PROGRESS_TICK_S = 0.5
 
 
 def relay(
@@ -155,7 +159,9 @@ def relay(
         asyncio.run(ping_database(settings.db_url))
     # An unmigrated database is one line before the relay starts (no started/stopped lines).
     asyncio.run(require_migrated(settings.db_url, strict=drain))
-    asyncio.run(_run(relay_process, drain))
+    progress = ProgressReport("relay --drain: published", enabled=drain and not json_logs)
+    total = asyncio.run(_pending_rows(settings.db_url)) if drain else None
+    asyncio.run(_run(relay_process, drain, progress, total))
 
 
 async def require_migrated(db_url: str, *, strict: bool) -> None:
@@ -196,7 +202,12 @@ async def logical_slot(db_url: str, name: str | None, *, drop: bool) -> None:
         await engine.dispose()
 
 
-async def _run(relay_process: Relay, drain: bool) -> None:
+async def _run(
+    relay_process: Relay,
+    drain: bool,
+    progress: ProgressReport | None = None,
+    total: int | None = None,
+) -> None:
     """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully (exit 0).
 
     ``main()`` held both signals since the process began; a stop that came during start-up
@@ -220,7 +231,7 @@ async def _run(relay_process: Relay, drain: bool) -> None:
         if signals.requested():
             return  # stopped while starting up: nothing began, nothing to finish
         if drain:
-            await relay_process.drain(timeout_s=None)
+            await _drain(relay_process, progress or ProgressReport("", enabled=False), total)
         else:
             await relay_process.run()
         await asyncio.gather(*stopping)
@@ -228,6 +239,35 @@ async def _run(relay_process: Relay, drain: bool) -> None:
         for signum in signals.STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         signals.hold_again()  # not the defaults while the loop and the interpreter wind down
+
+
+async def _pending_rows(db_url: str) -> int | None:
+    """Rows due now, for the drain's progress display only (``None`` if not read)."""
+    engine = ops_engine(db_url, DEFAULT_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+            return await count_rows(engine, which="pending")
+    except (DBAPIError, OSError, TimeoutError):
+        return None
+    finally:
+        await engine.dispose()
+
+
+async def _drain(relay_process: Relay, progress: ProgressReport, total: int | None) -> None:
+    """Drain, showing rows published against the rows pending at the start (stderr)."""
+
+    async def watch() -> None:
+        while True:
+            progress.update(relay_process.stats.published, total)
+            await asyncio.sleep(PROGRESS_TICK_S)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await relay_process.drain(timeout_s=None)
+    finally:
+        watcher.cancel()
+        progress.update(relay_process.stats.published, total)
+        progress.close()
 
 
 async def _stop_quietly(relay_process: Relay) -> None:
