@@ -19,7 +19,8 @@ from outboxkit.actions.records import AuditEntry, OperationRecord, Resolution
 from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
 from outboxkit.cli.errors import CliError
-from outboxkit.cli.options import DbUrlOption, parse_duration_ms, settings_from
+from outboxkit.cli.options import DbUrlOption, duration_option, settings_from
+from outboxkit.cli.progress import progress_note
 from outboxkit.cli.sessions import in_session
 from outboxkit.ops.actions import resolve_operation, resolving_store
 from outboxkit.ops.formatting import format_age
@@ -39,8 +40,11 @@ JsonOption = typer.Option(False, "--json", help="Print JSON instead of text.")
 @actions_app.command("list")
 def list_command(
     state: str | None = typer.Option(None, "--state", help="PENDING, RUNNING, UNKNOWN, ..."),
-    older_than: str | None = typer.Option(
-        None, "--older-than", help="Last state change at least this long ago: 500ms, 30s, 10m."
+    older_than: float | None = duration_option(
+        None,
+        "--older-than",
+        minimum_s=0.0,
+        help="Last state change at least this long ago: 500ms, 30s, 10m.",
     ),
     tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant."),
     needs_attention: bool = typer.Option(
@@ -52,14 +56,13 @@ def list_command(
 ) -> None:
     """List operations, oldest state change first."""
     chosen_state = parse_state(state) if state is not None else None
-    age_ms = parse_duration_ms(older_than, "--older-than") if older_than is not None else None
 
     async def query(session: AsyncSession) -> tuple[list[OperationRecord], int]:
         found = await ActionStore().list_operations(
             session,
             tenant=tenant,
             state=chosen_state,
-            older_than_s=None if age_ms is None else age_ms / 1000,
+            older_than_s=older_than,
             needs_attention=True if needs_attention else None,
             limit=limit,
         )
@@ -138,6 +141,7 @@ def resolve_command(
     topic: str = typer.Option(
         DEFAULT_TOPIC, "--topic", envvar="OUTBOXKIT_ACTIONS_TOPIC", help="Topic of its event."
     ),
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Resolve an UNKNOWN (or PENDING) operation by hand; audited and published."""
@@ -179,26 +183,37 @@ def resolve_command(
         )
 
     operation = _run(db_url, change)
+    if as_json:
+        typer.echo(json.dumps({"resolved": 1, "operation": operation.to_json()}, indent=2))
+        return
     typer.echo(f"{operation.key} ({operation.tenant}): {operation.state}")
 
 
 @actions_app.command("sweep")
 def sweep_command(
     limit: int = typer.Option(1000, "--limit", min=1),
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Mark RUNNING operations whose lease expired as UNKNOWN."""
 
-    async def change(session: AsyncSession) -> int:
+    async def change(session: AsyncSession) -> list[OperationRecord]:
         async with session.begin():
-            return len(await ActionStore().sweep_expired_leases(session, limit=limit))
+            return await ActionStore().sweep_expired_leases(session, limit=limit)
 
-    typer.echo(f"marked unknown: {_run(db_url, change)}")
+    with progress_note("sweeping expired leases", enabled=not as_json):
+        swept = _run(db_url, change)
+    if as_json:
+        keys = [{"tenant": op.tenant, "key": op.key} for op in swept]
+        typer.echo(json.dumps({"marked_unknown": len(swept), "operations": keys}, indent=2))
+        return
+    typer.echo(f"marked unknown: {len(swept)}")
 
 
 @actions_app.command("cleanup")
 def cleanup_command(
     chunk_size: int = typer.Option(500, "--chunk-size", min=1, max=100_000),
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Delete expired SUCCEEDED, FAILED_FINAL and PENDING operations in chunks."""
@@ -213,7 +228,8 @@ def cleanup_command(
         finally:
             await engine.dispose()
 
-    typer.echo(f"deleted: {asyncio.run(purge())}")
+    deleted = asyncio.run(purge())
+    typer.echo(json.dumps({"deleted": deleted}) if as_json else f"deleted: {deleted}")
 
 
 def parse_state(text: str) -> State:

@@ -27,12 +27,15 @@ from outboxkit.cli.errors import EXIT_HANDLER_INTERRUPTED, EXIT_OK, EXIT_STOPPED
 from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
+    JsonLogsOption,
+    LogLevelOption,
     SaslMechanismOption,
     SaslUsernameOption,
     SecurityProtocolOption,
     SslCafileOption,
     SslCertfileOption,
     SslKeyfileOption,
+    duration_option,
     import_target,
     kafka_from,
     settings_from,
@@ -47,7 +50,6 @@ from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from prometheus_client import REGISTRY
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 WATCHDOG_GRACE_S = 15.0  # past the stop deadline, for the runtime's own handling to finish
 
 log = logging.getLogger("outboxkit.consumer")
@@ -79,7 +81,8 @@ def consume(
     unhandled: str | None = typer.Option(
         None, "--unhandled", help="Events without a handler: skip or dead-letter."
     ),
-    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
     metrics_port: int | None = typer.Option(
         None,
         "--metrics-port",
@@ -90,20 +93,17 @@ def consume(
     metrics_address: str = typer.Option(
         DEFAULT_ADDRESS, "--metrics-address", help="Address to serve them on (0.0.0.0: all)."
     ),
-    stop_timeout: float = typer.Option(
+    stop_timeout: float = duration_option(
         DEFAULT_STOP_TIMEOUT_S,
         "--stop-timeout",
-        min=0.1,
-        help="Seconds SIGTERM waits for running handlers; then exit 4 naming them.",
+        minimum_s=0.1,
+        help="How long SIGTERM waits for running handlers; then exit 4 naming them.",
     ),
 ) -> int:
     """Consume events with MODULE:APP's handlers; SIGTERM drains and exits 0."""
     signals = StopSignals().install()  # first: a signal while starting up is a clean stop
     if early_signals.requested():  # main() held one since the process began
         signals.event.set()
-    level = log_level.upper()
-    if level not in LOG_LEVELS:
-        raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     if unhandled is not None and unhandled not in ("skip", "dead-letter"):
         raise CliError("--unhandled must be 'skip' or 'dead-letter'")
     consumer_app = load_app(target)
@@ -119,7 +119,7 @@ def consume(
         ssl_certfile,
         ssl_keyfile,
     )
-    configure_logging(level)
+    configure_logging(log_level, json_lines=json_logs)
     runtime = ConsumerRuntime(
         consumer_app,
         kafka=kafka,

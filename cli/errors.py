@@ -8,7 +8,8 @@ Every command shares one table of exit codes (docs/operations.md#exit-codes):
 | 1 | a threshold was crossed (``status``) |
 | 2 | a usage error, or an operational error an operator can fix (unreachable, refused, a bad
   database URL, tables not migrated) |
-| 3 | ``status`` only: a source (the database, the broker, a topic) could not be read |
+| 3 | ``status`` only: a source (the database, the broker, a topic) could not be read; for
+  ``status`` an unmigrated database is such a source (exit 3, not 2) |
 | 4 | ``consume``: stopped with work still running (handlers past the stop deadline) |
 | 5 | ``consume``: a handler raised ``KeyboardInterrupt`` or ``SystemExit``; its record's offset
   is not committed |

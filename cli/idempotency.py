@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import typer
-from outboxkit.cli.options import DbUrlOption, settings_from
+from outboxkit.cli.options import DbUrlOption, JsonOption, settings_from
 from outboxkit.idempotency.cleanup import purge_expired
 from outboxkit.outbox.db import make_async_engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -18,6 +19,7 @@ idempotency_app = typer.Typer(
 @idempotency_app.command("purge")
 def purge_command(
     chunk_size: int = typer.Option(1000, "--chunk-size", min=1, max=100_000),
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Delete expired keys (not those still in progress under a live lease), in chunks."""
@@ -32,4 +34,5 @@ def purge_command(
         finally:
             await engine.dispose()
 
-    typer.echo(f"deleted: {asyncio.run(purge())}")
+    deleted = asyncio.run(purge())
+    typer.echo(json.dumps({"deleted": deleted}) if as_json else f"deleted: {deleted}")

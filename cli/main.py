@@ -7,7 +7,6 @@ one line on stderr and exit code 2 (the table is in :mod:`outboxkit.cli.errors`)
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outboxkit.cli import signals
@@ -28,13 +27,14 @@ def build_app() -> typer.Typer:
     from outboxkit.cli.consume import consume
     from outboxkit.cli.dev import dev_app
     from outboxkit.cli.dlq import dlq_app
+    from outboxkit.cli.examples import add_examples
     from outboxkit.cli.idempotency import idempotency_app
     from outboxkit.cli.migrate import migrate
     from outboxkit.cli.outbox import outbox_app
     from outboxkit.cli.relay import relay
+    from outboxkit.cli.root import root_options
     from outboxkit.cli.status import status
     from outboxkit.cli.workflows import workflows_app
-    from outboxkit.outbox.config_file import use_config_file
 
     app = typer.Typer(
         name="outboxkit",
@@ -42,22 +42,10 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
-        add_completion=False,
+        add_completion=True,
     )
 
-    @app.callback()
-    def settings_file(
-        config: Path | None = typer.Option(  # noqa: B008 - typer reads the default
-            None,
-            "--config",
-            help="TOML file with [kafka] and [database] tables [env: OUTBOXKIT_CONFIG]. "
-            "A flag beats an OUTBOXKIT_* variable, which beats the file.",
-        ),
-    ) -> None:
-        """Transactional outbox, Kafka relay, inbox consumers and agent actions."""
-        if config is not None:
-            use_config_file(config)
-
+    app.callback()(root_options)
     app.command()(migrate)
     app.command()(relay)
     app.command()(consume)
@@ -69,6 +57,7 @@ def build_app() -> typer.Typer:
     app.add_typer(idempotency_app, name="idempotency")
     app.add_typer(dev_app, name="dev")
     app.add_typer(workflows_app, name="workflows")
+    add_examples(app)
     return app
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
-from outboxkit.cli.options import DbUrlOption, settings_from
+from outboxkit.cli.options import DbUrlOption, JsonOption, settings_from
 from outboxkit.migrations.runner import upgrade
 
 
-def migrate(db_url: str | None = DbUrlOption) -> None:
+def migrate(db_url: str | None = DbUrlOption, as_json: bool = JsonOption) -> None:
     """Create or upgrade outboxkit's tables (version table alembic_version_outboxkit)."""
     upgrade(settings_from(db_url).db_url)
-    typer.echo("migrated")
+    typer.echo(json.dumps({"migrated": True}) if as_json else "migrated")

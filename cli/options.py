@@ -51,16 +51,29 @@ SslKeyfileOption = typer.Option(
     help="Client key (PEM) for mTLS [env: OUTBOXKIT_KAFKA_SSL_KEYFILE]; its passphrase: "
     "OUTBOXKIT_KAFKA_SSL_KEY_PASSWORD.",
 )
-TimeoutOption = typer.Option(
-    DEFAULT_TIMEOUT_S,
-    "--timeout",
-    min=0.1,
-    help="Seconds to wait for Kafka or the database before giving up.",
-)
 JsonOption = typer.Option(False, "--json", help="Print JSON for scripts.")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# The logging flags of the long-running commands (relay, consume, workflows run).
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+
+def _log_level(value: str) -> str:
+    level = str(value).strip().upper()
+    if level not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+LogLevelOption = typer.Option(
+    "INFO", "--log-level", parser=_log_level, help="DEBUG, INFO, WARNING or ERROR."
+)
+JsonLogsOption = typer.Option(False, "--json-logs", help="Log one JSON object per line.")
+
+# The one duration syntax of every flag: a number with a unit, or a bare number of seconds.
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d|w)?$")
+# An age in a time flag (--since 2h) needs its unit: a bare number there could be a timestamp.
+_AGE = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+DURATION_HELP = "500ms, 5s, 2m, 1h, 1d, or a bare number of seconds"
 
 
 def settings_from(db_url: str | None = None) -> Settings:
@@ -93,17 +106,68 @@ def kafka_from(
 
 
 def parse_duration_ms(text: str, option: str = "duration") -> int:
-    """``500ms``, ``30s``, ``10m``, ``2h``, ``1d``, ``1w`` in ms; a one-line error if not."""
-    match = _DURATION.match(text.strip())
+    """``500ms``, ``30s``, ``10m``, ``2h``, ``1d``, ``1w`` or a bare number of seconds (``5``,
+    ``0.5``), in whole milliseconds; a one-line :class:`CliError` if not."""
+    match = _DURATION.match(text.strip().lower())
     if match is None:
-        raise CliError(f"{option}: invalid duration {text!r}: use e.g. 500ms, 30s, 10m, 2h or 1d")
-    return int(match.group(1)) * _UNIT_MS[match.group(2)]
+        raise CliError(f"{option}: {text!r} is not a duration: use {DURATION_HELP}")
+    return round(float(match.group(1)) * _UNIT_MS[match.group(2) or "s"])
+
+
+class Duration:
+    """The parser of every duration flag: :func:`parse_duration_ms`'s syntax, given to the
+    command as float seconds, at least ``minimum_s``; a bad value is click's usage error."""
+
+    __name__ = "duration"  # click names the type after its converter
+
+    def __init__(self, minimum_s: float | None = None) -> None:
+        self.minimum_s = minimum_s
+
+    def __call__(self, value: Any) -> float:
+        """Seconds of ``value`` (a default may already be a number of seconds)."""
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            match = _DURATION.match(str(value).strip().lower())
+            if match is None:
+                raise typer.BadParameter(f"{value!r} is not a duration: use {DURATION_HELP}")
+            seconds = round(float(match.group(1)) * _UNIT_MS[match.group(2) or "s"]) / 1000
+        if self.minimum_s is not None and seconds < self.minimum_s:
+            raise typer.BadParameter(f"{value} is below the least allowed, {self.minimum_s:g}s")
+        return seconds
+
+
+def duration_option(
+    default: float | None, *names: str, help: str, minimum_s: float | None = None, **kw: Any
+) -> Any:
+    """A flag taking a duration (:class:`Duration`), given to the command as float seconds."""
+    shown = None if default is None else duration_text(default)  # --help shows it as given
+    return typer.Option(
+        shown, *names, parser=Duration(minimum_s), metavar="DURATION", help=help, **kw
+    )
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the duration syntax, in the largest unit that keeps it whole (``7d``)."""
+    ms = round(seconds * 1000)
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+TimeoutOption = duration_option(
+    DEFAULT_TIMEOUT_S,
+    "--timeout",
+    minimum_s=0.1,
+    help="How long to wait for Kafka or the database before giving up (5s, 500ms, 2m).",
+)
 
 
 def parse_time(text: str, now_ms: int, option: str) -> int:
     """Epoch ms of ``text``: ISO-8601 (naive means UTC) or an age like ``2h`` (that long ago)."""
     value = text.strip()
-    if _DURATION.match(value):
+    if _AGE.match(value):
         return now_ms - parse_duration_ms(value, option)
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))

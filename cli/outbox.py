@@ -121,6 +121,7 @@ def _moment(row: OutboxRow, now: int) -> str:
 def requeue_command(
     ids: list[int] | None = IdsArgument,
     all_parked: bool = typer.Option(False, "--all-parked", help="Requeue every parked row."),
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     timeout: float = TimeoutOption,
 ) -> None:
@@ -136,4 +137,8 @@ def requeue_command(
     outcome = _run(db_url, timeout, work)
     if isinstance(outcome, RequeueRefused):
         raise CliError(f"nothing requeued: {outcome}")
+    if as_json:
+        chosen: Any = "all-parked" if all_parked else sorted(set(ids or []))
+        typer.echo(json.dumps({"requeued": outcome, "ids": chosen}, indent=2))
+        return
     typer.echo(f"requeued {outcome} row(s)")

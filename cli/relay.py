@@ -12,26 +12,33 @@ from outboxkit.cli import signals
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import (
     BootstrapOption,
+    JsonLogsOption,
+    LogLevelOption,
     SaslMechanismOption,
     SaslUsernameOption,
     SecurityProtocolOption,
     SslCafileOption,
     SslCertfileOption,
     SslKeyfileOption,
+    duration_option,
     kafka_from,
-    parse_duration_ms,
     settings_from,
 )
-from outboxkit.ops.access import ping_database
-from outboxkit.outbox.db import make_async_engine
+from outboxkit.cli.progress import ProgressReport
+from outboxkit.ops.access import DEFAULT_TIMEOUT_S, ops_engine, ping_database
+from outboxkit.ops.outbox_rows import count_rows
+from outboxkit.outbox.db import make_async_engine, require_tables
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.relay.publisher import KafkaUnavailable, Publisher
+from outboxkit.relay.runner import RELAY_TABLES
 from outboxkit.relay.slot import Slot, default_slot_name, refusal, require_logical
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+
+PROGRESS_TICK_S = 0.5
 
 
 def relay(
@@ -44,17 +51,28 @@ def relay(
     ssl_certfile: Path | None = SslCertfileOption,
     ssl_keyfile: Path | None = SslKeyfileOption,
     batch_size: int = typer.Option(500, min=1, max=10_000, help="Rows per claim."),
-    lease_ttl: float = typer.Option(
+    lease_ttl: float = duration_option(
         30.0,
-        help="Seconds a dead relay blocks its shards; at least twice --request-timeout-ms "
-        "(20 with its default).",
+        "--lease-ttl",
+        help="How long a dead relay blocks its shards; at least twice --request-timeout "
+        "(20s with its default).",
     ),
-    poll_interval: float = typer.Option(1.0, min=0.01, help="Seconds between polls."),
+    poll_interval: float = duration_option(
+        1.0, "--poll-interval", minimum_s=0.01, help="Time between polls."
+    ),
     max_attempts: int = typer.Option(10, min=1, help="Failed publishes before a row is parked."),
-    retention: float = typer.Option(
-        7 * 24 * 3600.0, min=0.0, help="Seconds to keep published rows; 0 deletes at once."
+    retention: float = duration_option(
+        7 * 24 * 3600.0,
+        "--retention",
+        minimum_s=0.0,
+        help="How long to keep published rows (7d); 0 deletes at once.",
     ),
-    request_timeout_ms: int = typer.Option(10_000, min=1000, help="Kafka request timeout."),
+    request_timeout: float = duration_option(
+        10.0, "--request-timeout", minimum_s=1.0, help="Kafka request timeout."
+    ),
+    request_timeout_ms: int | None = typer.Option(
+        None, "--request-timeout-ms", min=1000, hidden=True, help="Deprecated: --request-timeout."
+    ),
     max_request_size: int = typer.Option(
         1024 * 1024, min=1024, help="Largest record in bytes; a larger row fails and is parked."
     ),
@@ -80,14 +98,16 @@ def relay(
         "recreates it and publishes the unpublished rows from the table).",
     ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
-    timeout: str | None = typer.Option(
+    timeout: float | None = duration_option(
         None,
         "--timeout",
+        minimum_s=0.001,
         help="--drain: give up (one line, exit 2) if not drained within this duration "
         "(500ms, 30s, 10m...) [default: no limit].",
     ),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
-    json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
     metrics_port: int | None = typer.Option(
         None,
         "--metrics-port",
@@ -100,7 +120,7 @@ def relay(
     ),
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM (exit 0)."""
-    configure_logging(json_lines=json_logs)
+    configure_logging(log_level, json_lines=json_logs)
     settings = settings_from(db_url)
     kafka = kafka_from(
         bootstrap,
@@ -111,11 +131,13 @@ def relay(
         ssl_certfile,
         ssl_keyfile,
     )
-    shortest_lease_s = 2 * request_timeout_ms / 1000
+    if request_timeout_ms is not None:
+        request_timeout = request_timeout_ms / 1000
+    shortest_lease_s = 2 * request_timeout
     if lease_ttl < shortest_lease_s:
         raise typer.BadParameter(
-            f"{lease_ttl:g} is below {shortest_lease_s:g}, twice --request-timeout-ms "
-            f"({request_timeout_ms} ms): a batch in flight must not outlive its lease",
+            f"{lease_ttl:g}s is below {shortest_lease_s:g}s, twice --request-timeout "
+            f"({request_timeout:g}s): a batch in flight must not outlive its lease",
             param_hint="--lease-ttl",
         )
     try:
@@ -125,7 +147,7 @@ def relay(
             poll_interval_s=poll_interval,
             max_attempts=max_attempts,
             retention_s=retention,
-            request_timeout_s=request_timeout_ms / 1000,
+            request_timeout_s=request_timeout,
             max_request_size=max_request_size,
             listen=not no_listen,
             mode=mode,  # type: ignore[arg-type]  # checked by RelayOptions
@@ -134,14 +156,13 @@ def relay(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    timeout_s = None
-    if timeout is not None:
-        if not drain:
-            raise CliError("--timeout: only with --drain")
-        timeout_s = parse_duration_ms(timeout, "--timeout") / 1000
+    if timeout is not None and not drain:
+        raise CliError("--timeout: only with --drain")
     if drain:  # a one-off run fails fast on a misconfigured database or broker, not retrying
         asyncio.run(ping_database(settings.db_url))
-        asyncio.run(ping_kafka(kafka, request_timeout_ms / 1000))
+        asyncio.run(ping_kafka(kafka, request_timeout))
+    # An unmigrated database is one line before the relay starts (no started/stopped lines).
+    asyncio.run(require_migrated(settings.db_url, strict=drain))
     if mode == "logical" or drop_slot:
         # Refused at once, in one line, rather than by a relay retrying for ever.
         asyncio.run(logical_slot(settings.db_url, slot, drop=drop_slot, drain=drain))
@@ -150,7 +171,23 @@ def relay(
     relay_process = Relay(db_url=settings.db_url, kafka=kafka, options=options)
     if metrics_port is not None:
         serve_metrics(metrics_port, metrics_address, relay_process.readiness)
-    asyncio.run(_run(relay_process, drain, timeout_s))
+    progress = ProgressReport("relay --drain: published", enabled=drain and not json_logs)
+    total = asyncio.run(_pending_rows(settings.db_url)) if drain else None
+    asyncio.run(_run(relay_process, drain, progress, total, timeout))
+
+
+async def require_migrated(db_url: str, *, strict: bool) -> None:
+    """Raise :class:`NotMigratedError` if the relay's tables are missing. An unreachable
+    database raises only if ``strict``; else the relay starts and retries it with backoff."""
+    engine = ops_engine(db_url, DEFAULT_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+            await require_tables(engine, RELAY_TABLES)
+    except (DBAPIError, OSError, TimeoutError):
+        if strict:
+            raise
+    finally:
+        await engine.dispose()
 
 
 async def ping_kafka(kafka: KafkaSettings, timeout_s: float) -> None:
@@ -213,7 +250,13 @@ async def logical_slot(
         await engine.dispose()
 
 
-async def _run(relay_process: Relay, drain: bool, timeout_s: float | None = None) -> None:
+async def _run(
+    relay_process: Relay,
+    drain: bool,
+    progress: ProgressReport | None = None,
+    total: int | None = None,
+    timeout_s: float | None = None,
+) -> None:
     """Relay (or drain) until SIGTERM or SIGINT, which stop it gracefully (exit 0).
 
     ``main()`` held both signals since the process began; a stop that came during start-up
@@ -238,7 +281,9 @@ async def _run(relay_process: Relay, drain: bool, timeout_s: float | None = None
             return  # stopped while starting up: nothing began, nothing to finish
         if drain:
             try:
-                await relay_process.drain(timeout_s=timeout_s)
+                await _drain(
+                    relay_process, progress or ProgressReport("", enabled=False), total, timeout_s
+                )
             except TimeoutError:
                 raise CliError(
                     f"relay --drain: not drained within --timeout {timeout_s:g} s "
@@ -251,6 +296,38 @@ async def _run(relay_process: Relay, drain: bool, timeout_s: float | None = None
         for signum in signals.STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         signals.hold_again()  # not the defaults while the loop and the interpreter wind down
+
+
+async def _pending_rows(db_url: str) -> int | None:
+    """Rows due now, for the drain's progress display only (``None`` if not read)."""
+    engine = ops_engine(db_url, DEFAULT_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+            return await count_rows(engine, which="pending")
+    except (DBAPIError, OSError, TimeoutError):
+        return None
+    finally:
+        await engine.dispose()
+
+
+async def _drain(
+    relay_process: Relay, progress: ProgressReport, total: int | None, timeout_s: float | None
+) -> None:
+    """Drain (within ``timeout_s``), showing rows published against the rows pending at the
+    start (stderr)."""
+
+    async def watch() -> None:
+        while True:
+            progress.update(relay_process.stats.published, total)
+            await asyncio.sleep(PROGRESS_TICK_S)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await relay_process.drain(timeout_s=timeout_s)
+    finally:
+        watcher.cancel()
+        progress.update(relay_process.stats.published, total)
+        progress.close()
 
 
 async def _stop_quietly(relay_process: Relay) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from outboxkit.cli.errors import EXIT_OK, EXIT_THRESHOLD, EXIT_UNREACHABLE, CliE
 from outboxkit.cli.options import (
     BootstrapOption,
     DbUrlOption,
+    Duration,
     JsonOption,
     SaslMechanismOption,
     SaslUsernameOption,
@@ -32,6 +34,7 @@ from outboxkit.cli.options import (
     SslCertfileOption,
     SslKeyfileOption,
     TimeoutOption,
+    duration_option,
     kafka_from,
     settings_from,
 )
@@ -66,21 +69,21 @@ DlqTopicsOption = typer.Option(
 def status(
     seconds: float | None = typer.Argument(
         None,
-        metavar="[SECONDS]",
-        min=0.1,
-        help=f"With --watch: seconds between refreshes (default {DEFAULT_WATCH_S:g}).",
+        metavar="[INTERVAL]",
+        parser=Duration(0.1),
+        help=f"With --watch: time between refreshes (default {DEFAULT_WATCH_S:g}s; 2, 5s, 1m).",
     ),
     watch: bool = typer.Option(
-        False, "--watch", help="Redraw the status in place every SECONDS until Ctrl-C."
+        False, "--watch", help="Redraw the status in place every INTERVAL until Ctrl-C."
     ),
     groups: list[str] | None = GroupsOption,
     dlq_topics: list[str] | None = DlqTopicsOption,
-    max_oldest_age: float | None = typer.Option(
+    max_oldest_age: float | None = duration_option(
         None,
         "--max-oldest-age",
-        min=0,
-        help="Exit 1 if the oldest due, unpublished row has waited longer (s); rows scheduled "
-        "for later do not count.",
+        minimum_s=0.0,
+        help="Exit 1 if the oldest due, unpublished row has waited longer (60, 5m); rows "
+        "scheduled for later do not count.",
     ),
     max_dlq: int | None = typer.Option(
         None, "--max-dlq", min=0, help="Exit 1 if a dead-letter topic holds more records."
@@ -98,11 +101,11 @@ def status(
         help="Exit 1 if a logical replication slot's confirmed position trails the WAL by more "
         "bytes (logical relay mode).",
     ),
-    max_slot_age: float | None = typer.Option(
+    max_slot_age: float | None = duration_option(
         None,
         "--max-slot-age",
-        min=0,
-        help="Exit 1 if a slot's oldest unconfirmed outbox insert is older (s).",
+        minimum_s=0.0,
+        help="Exit 1 if a slot's oldest unconfirmed outbox insert is older (60, 5m).",
     ),
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
@@ -122,7 +125,7 @@ def status(
     (wins over 1), 2 a usage error.
     """
     if seconds is not None and not watch:
-        raise CliError(f"SECONDS ({seconds:g}) is the refresh interval of --watch: add --watch")
+        raise CliError(f"INTERVAL ({seconds:g}s) is the refresh interval of --watch: add --watch")
     if watch and as_json:
         raise CliError("--watch draws a live view for a terminal: use --json without --watch")
     settings = settings_from(db_url)
@@ -156,7 +159,8 @@ def status(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        ops_console().print(Group(*render(report)))
+        # Piped, a long cause stays on one line for grep and log collectors.
+        ops_console().print(Group(*render(report)), soft_wrap=not sys.stdout.isatty())
     for line in report.crossed:
         typer.echo(f"outboxkit: threshold crossed: {line}", err=True)
     for line in report.unreachable():

@@ -26,7 +26,14 @@ from typing import TypeVar
 import typer
 from outboxkit.cli import signals
 from outboxkit.cli.errors import CliError
-from outboxkit.cli.options import DbUrlOption, import_target, parse_duration_ms, settings_from
+from outboxkit.cli.options import (
+    DbUrlOption,
+    JsonLogsOption,
+    LogLevelOption,
+    duration_option,
+    import_target,
+    settings_from,
+)
 from outboxkit.cli.sessions import in_session
 from outboxkit.ops import workflows as ops
 from outboxkit.ops.formatting import format_age, format_ms
@@ -66,9 +73,10 @@ def list_command(
     state: list[str] | None = typer.Option(  # noqa: B008 - typer reads the default
         None, "--state", help="Only these states (repeat, or comma-separated)."
     ),
-    stuck_after: str | None = typer.Option(
+    stuck_after: float | None = duration_option(
         None,
         "--stuck-after",
+        minimum_s=0.0,
         help="Only work due at least this long and not taken forward (30s, 10m, 2h), oldest first.",
     ),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000),
@@ -77,7 +85,7 @@ def list_command(
 ) -> None:
     """List instances, most recently changed first."""
     states = [part.strip() for given in state or () for part in given.split(",") if part.strip()]
-    stuck_ms = None if stuck_after is None else parse_duration_ms(stuck_after, "--stuck-after")
+    stuck_ms = None if stuck_after is None else round(stuck_after * 1000)
 
     async def query(session: AsyncSession) -> tuple[list[WorkflowRecord], int]:
         now = await read_db_now_ms(session)
@@ -180,12 +188,15 @@ def cancel_command(
     by: str = ByOption,
     reason: str = ReasonOption,
     app: str = AppOption,
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Ask for a cancel; a worker unwinds the instance (compensations first) at its next step."""
     engine = load_engine(app, db_url)
     record = _change(engine, lambda s: engine.cancel(s, tenant, workflow_id, by=by, reason=reason))
-    typer.echo(f"{_line(record)}: cancel asked; a worker carries it out")
+    _report_change(
+        "cancel asked", record, as_json, f"{_line(record)}: cancel asked; a worker carries it out"
+    )
 
 
 @workflows_app.command("resume")
@@ -198,6 +209,7 @@ def resume_command(
         None, "--to", help="The state to go on in (default: where it was before human_review)."
     ),
     app: str = AppOption,
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Take an instance out of human_review (resolve its unknown operation first)."""
@@ -206,7 +218,7 @@ def resume_command(
         engine,
         lambda s: engine.resume(s, tenant, workflow_id, by=by, reason=reason, to_state=to),
     )
-    typer.echo(_line(record))
+    _report_change("resumed", record, as_json)
 
 
 @workflows_app.command("escalate")
@@ -216,6 +228,7 @@ def escalate_command(
     by: str = ByOption,
     reason: str = ReasonOption,
     app: str = AppOption,
+    as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
 ) -> None:
     """Send an instance to human_review now."""
@@ -223,7 +236,25 @@ def escalate_command(
     record = _change(
         engine, lambda s: engine.escalate(s, tenant, workflow_id, by=by, reason=reason)
     )
-    typer.echo(_line(record))
+    _report_change("escalated", record, as_json)
+
+
+def _report_change(
+    change: str, record: WorkflowRecord, as_json: bool, text: str | None = None
+) -> None:
+    """What an operator's decision changed: one line, or with ``--json`` a document."""
+    if not as_json:
+        typer.echo(text or _line(record))
+        return
+    document = {
+        "changed": 1,
+        "change": change,
+        "tenant": record.tenant,
+        "workflow_id": record.workflow_id,
+        "state": record.state,
+        "status": record.status.value,
+    }
+    typer.echo(json.dumps(document, indent=2))
 
 
 @workflows_app.command("run")
@@ -231,37 +262,35 @@ def run_command(
     target: str = typer.Argument(..., metavar="MODULE:ENGINE", help="The engine to run."),
     db_url: str | None = DbUrlOption,
     batch: int = typer.Option(10, "--batch", min=1, max=1000, help="Instances per claim."),
-    poll_interval: str = typer.Option(
-        "1s", "--poll-interval", help="Sleep with nothing due (500ms, 1s, ...)."
+    poll_interval: float = duration_option(
+        1.0, "--poll-interval", minimum_s=0.001, help="Sleep with nothing due (500ms, 1s, ...)."
     ),
     no_listen: bool = typer.Option(False, "--no-listen", help="Poll only, no LISTEN/NOTIFY."),
-    json_logs: bool = typer.Option(False, "--json-logs", help="Log JSON lines."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", min=1, max=65535, help="Serve /metrics, /healthz and /readyz."
     ),
     metrics_address: str = typer.Option(
         DEFAULT_ADDRESS, "--metrics-address", help="Address to serve them on (0.0.0.0: all)."
     ),
-    stuck_after: str = typer.Option(
-        f"{int(DEFAULT_STUCK_AFTER_S)}s",
+    stuck_after: float = duration_option(
+        DEFAULT_STUCK_AFTER_S,
         "--stuck-after",
+        minimum_s=0.0,
         help="Due work waiting this long counts in outboxkit_workflow_stuck.",
     ),
 ) -> None:
     """Advance the engine's workflows until SIGTERM (exit 0)."""
-    configure_logging(json_lines=json_logs)
-    interval_ms = parse_duration_ms(poll_interval, "--poll-interval")
-    stuck_ms = parse_duration_ms(stuck_after, "--stuck-after")
-    if interval_ms <= 0:
-        raise CliError("--poll-interval must be positive")
+    configure_logging(log_level, json_lines=json_logs)
     engine = load_engine(target, db_url)
     worker = WorkflowWorker(
-        engine, batch=batch, poll_interval_s=interval_ms / 1000, listen=not no_listen
+        engine, batch=batch, poll_interval_s=poll_interval, listen=not no_listen
     )
     if metrics_port is not None:
         REGISTRY.register(
             WorkflowCollector.for_url(
-                _url_of(engine), clock=engine.clock, stuck_after_s=stuck_ms / 1000
+                _url_of(engine), clock=engine.clock, stuck_after_s=stuck_after
             )
         )
         serve_metrics(metrics_port, metrics_address)

@@ -62,6 +62,12 @@ _PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is
 _DELIVER_AT = outbox_events.c.deliver_at_ms
 
 
+GROUPS_NEED_DATABASE = (
+    "the groups are the inbox's consumer names and the database is unreachable: "
+    "name them with --group"
+)
+
+
 @dataclass(frozen=True)
 class Unreachable:
     """A source, or a part of one, that could not be read; ``cause`` is one line, no secret."""
@@ -215,7 +221,7 @@ class StatusReport:
         parts: list[tuple[str, Unreachable | DlqTopicUnreachable | None]] = [
             ("", self.database if isinstance(self.database, Unreachable) else None),
             ("", self.kafka),
-            ("consumer lag", self.consumers if isinstance(self.consumers, Unreachable) else None),
+            ("consumer lag", self._consumers_unreachable()),
             ("dead letters", self.dlq if isinstance(self.dlq, Unreachable) else None),
         ]
         if not isinstance(self.dlq, Unreachable):
@@ -230,6 +236,14 @@ class StatusReport:
                 seen.add(part.cause)
                 lines.append(f"{name}: {part.cause}" if name else part.cause)
         return lines
+
+    def _consumers_unreachable(self) -> Unreachable | None:
+        # Lag unread only because the database (its groups' names) is: that source is named.
+        if not isinstance(self.consumers, Unreachable):
+            return None
+        if self.consumers.cause == GROUPS_NEED_DATABASE and isinstance(self.database, Unreachable):
+            return None
+        return self.consumers
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready values; every section has a ``status`` (``ok``, ``unreachable`` with a
@@ -346,10 +360,7 @@ async def read_status(
                 return sorted(set(groups))
             database = await database_task
             if isinstance(database, Unreachable):
-                return Unreachable(
-                    "the groups are the inbox's consumer names and the database is "
-                    "unreachable: name them with --group"
-                )
+                return Unreachable(GROUPS_NEED_DATABASE)
             return list(database.inbox.by_consumer)
 
         kafka, consumers, dlq = await _read_kafka(kafka_settings, timeout, group_names, dlq_topics)

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 CONFIG_ENV = "OUTBOXKIT_CONFIG"
+TABLES = ("database", "kafka")  # one per settings class; any other table is an error
 _chosen: ContextVar[Path | None] = ContextVar("outboxkit_config_file", default=None)
 
 
@@ -51,6 +52,12 @@ def config_table(name: str, path: Path | None = None) -> dict[str, Any]:
         raise ConfigFileError(f"config file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigFileError(f"config file {path} is not valid TOML: {error}") from None
+    unknown = sorted(set(document) - set(TABLES))
+    if unknown:
+        raise ConfigFileError(
+            f"config file {path}: unknown table(s) {', '.join(f'[{t}]' for t in unknown)}: "
+            f"the tables are {', '.join(f'[{t}]' for t in TABLES)}"
+        )
     table = document.get(name, {})
     if not isinstance(table, dict):
         raise ConfigFileError(f"config file {path}: [{name}] must be a table")

@@ -7,6 +7,7 @@ transaction, before commit, and the relay only copies bytes.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import dataclass
@@ -147,6 +148,9 @@ def encode_binary(event: CloudEvent) -> EncodedEvent:
         # The SDK writes Python's True/False; the CloudEvents type system says true/false.
         if isinstance(value, bool):
             headers[f"ce_{name}"] = "true" if value else "false"
+        # A Binary attribute's string form is base64 (CloudEvents type system), not repr().
+        elif isinstance(value, bytes | bytearray):
+            headers[f"ce_{name}"] = base64.b64encode(bytes(value)).decode("ascii")
     key = message.key.encode("utf-8") if isinstance(message.key, str) else message.key
     return EncodedEvent(
         source=event.get_source(),

@@ -153,12 +153,15 @@ class KafkaSettings(BaseSettings):
             raise KafkaSettingsError(f"ssl_cafile {self.ssl_cafile}: {_reason(error)}") from None
         context.check_hostname = self.ssl_check_hostname
         if self.ssl_certfile is not None:
-            password = self.ssl_key_password
+            # Always a passphrase (empty when unset): with None, OpenSSL would stop to prompt
+            # for one on a terminal; an encrypted key without one is an error instead.
+            secret = self.ssl_key_password
+            passphrase = secret.get_secret_value() if secret is not None else ""
             try:
                 context.load_cert_chain(
                     str(self.ssl_certfile),
                     str(self.ssl_keyfile) if self.ssl_keyfile else None,
-                    password.get_secret_value() if password is not None else None,
+                    lambda: passphrase,
                 )
             except (OSError, ssl.SSLError) as error:
                 raise KafkaSettingsError(

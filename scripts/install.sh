@@ -18,6 +18,11 @@ if [ "$EXTRAS" != base ] && ! command -v chromium >/dev/null 2>&1; then
   echo "installing chromium and chromium-driver (apt)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# systemd-analyze: tests/docs checks the systemd units of docs/deploy.md with `verify`.
+if [ "$EXTRAS" != base ] && ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "installing systemd (apt, for systemd-analyze)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
+fi
 if [ "$EXTRAS" = base ]; then
   TARGET="."
 else

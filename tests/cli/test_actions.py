@@ -130,7 +130,7 @@ async def test_resolve_by_hand_is_audited_and_published(db_url: str) -> None:
     ("args", "message"),
     [
         (["list", "--state", "DONE"], "invalid state 'DONE'"),
-        (["list", "--older-than", "10 minutes"], "invalid duration"),
+        (["list", "--older-than", "10 minutes"], "is not a duration"),
         (["list", "--tenant", "a/b"], "tenant must be"),
         (["show", "missing", "--tenant", "acme"], "no operation 'missing'"),
         (

@@ -78,18 +78,21 @@ async def test_a_bad_or_unsupported_database_url_is_one_line_and_exit_2(argv: li
 async def test_lease_ttl_below_its_real_minimum_names_that_minimum(
     sqlite_url: str, kafka_bootstrap: str, topic: str
 ) -> None:
-    common = ("--db-url", sqlite_url, "--bootstrap", kafka_bootstrap, "--request-timeout-ms")
-    below = await cli("relay", *common, "1500", "--lease-ttl", "2.9")
+    common = ("--db-url", sqlite_url, "--bootstrap", kafka_bootstrap, "--request-timeout")
+    below = await cli("relay", *common, "1500ms", "--lease-ttl", "2.9")
     assert below.code == EXIT_USAGE
-    assert "--lease-ttl: 2.9 is below 3, twice --request-timeout-ms (1500 ms)" in (
-        below.error_line()
+    assert "--lease-ttl: 2.9s is below 3s, twice --request-timeout (1.5s)" in (below.error_line())
+    default = await cli("relay", "--db-url", sqlite_url, "--lease-ttl", "19s")
+    assert "19s is below 20s" in default.error_line()
+    # The deprecated --request-timeout-ms (milliseconds) still counts.
+    old = await cli(
+        "relay", "--db-url", sqlite_url, "--request-timeout-ms", "1500", "--lease-ttl", "2"
     )
-    default = await cli("relay", "--db-url", sqlite_url, "--lease-ttl", "19")
-    assert "19 is below 20" in default.error_line()
+    assert "2s is below 3s" in old.error_line()
     # Exactly the minimum is allowed: 0, a command that did its work.
     write_events(sqlite_url, topic, [new_event("a", "/s", {"n": 1})])
     at_minimum = await asyncio.to_thread(
-        cli_process, "relay", *common, "1500", "--lease-ttl", "3", "--drain"
+        cli_process, "relay", *common, "1500ms", "--lease-ttl", "3", "--drain"
     )
     assert at_minimum.code == EXIT_OK, at_minimum.err
     assert "1 published" in at_minimum.err

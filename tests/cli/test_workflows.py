@@ -111,7 +111,7 @@ async def test_list_shows_state_deadline_attempts_unknowns_and_approvals(db_url:
     assert await ids("--stuck-after", "1h") == set()
 
     code, out, err = await cli("workflows", "list", "--stuck-after", "soon", "--db-url", db_url)
-    assert code == 2 and "invalid duration" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "is not a duration" in err and len(err.strip().splitlines()) == 1
 
 
 async def test_show_explains_the_instance_and_what_comes_next(db_url: str) -> None:

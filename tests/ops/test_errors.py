@@ -49,7 +49,7 @@ async def test_bad_filters_topics_and_offsets_are_one_line_and_exit_2(
         (["status", "--max-dlq", "many", "--db-url", sqlite_url, *kafka], "--max-dlq"),
         (["status", "5", "--db-url", sqlite_url, *kafka], "refresh interval of --watch"),
         (["status", "--watch", "--json", "--db-url", sqlite_url, *kafka], "use --json without"),
-        (["status", "--watch", "0", "--db-url", sqlite_url, *kafka], "SECONDS"),
+        (["status", "--watch", "0", "--db-url", sqlite_url, *kafka], "INTERVAL"),
         (["status", "--db-url", "nonsense://", *kafka], "database URL"),
         (["outbox", "requeue", "12", "--db-url", sqlite_url], "no outbox row with id 12"),
     ]
