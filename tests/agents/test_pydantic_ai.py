@@ -56,7 +56,7 @@ async def agent_process(
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=600,  # a loaded machine: importing the frameworks alone took 40 s
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode == 0:

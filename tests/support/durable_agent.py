@@ -19,8 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents import Agent as OpenAIAgent
+from agents import set_tracing_disabled
 from outboxkit.actions import ActionStore
 from outboxkit.agents import AgentRun, AgentRunError, ApprovalRefusedError, current_call, decide
+from outboxkit.agents.openai_agents import DurableRunner, ledger_tool
+from outboxkit.agents.openai_agents import RunFinished as OpenAIFinished
 from outboxkit.agents.pydantic_ai import DurableAgent, DurableTool, RunFinished
 from outboxkit.outbox import Outbox
 from outboxkit.outbox.db import make_async_engine
@@ -32,8 +36,10 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from examples.refund_agent.agent import tool_returns
 from examples.refund_agent.payments import PaymentsClient
+from tests.support.openai_model import ScriptedModel
 
 DAY_S = 86400.0
+set_tracing_disabled(True)  # offline: no trace exporter thread waiting for an API key at exit
 INSTRUCTIONS = "Refund what the ticket asks for with the refund tool."
 
 
@@ -78,6 +84,35 @@ def build(
         tools={"refund": DurableTool(target=("charge_id",), reconciler=payments.reconcile)},
         approval_ttl_s=approval_ttl_s,
     )
+
+
+def build_openai(
+    payments: PaymentsClient,
+    *,
+    approval: bool = False,
+    calls: list[dict[str, Any]],
+    log: Path | None,
+) -> DurableRunner:
+    """The same refund agent on the OpenAI Agents SDK, with a scripted model."""
+
+    async def refund(charge_id: str, amount_cents: int, currency: str = "EUR") -> dict[str, Any]:
+        """Refund ``amount_cents`` of charge ``charge_id``."""
+        kill_at("before_tool")
+        reply = await payments.refund(
+            current_call().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency=currency,
+        )
+        kill_at("after_provider")
+        return reply
+
+    tool = ledger_tool(
+        refund, target=("charge_id",), reconciler=payments.reconcile, needs_approval=approval
+    )
+    model = ScriptedModel("refund", calls, log)
+    agent = OpenAIAgent(name="refund-agent", instructions=INSTRUCTIONS, tools=[tool], model=model)
+    return DurableRunner(agent, version=1, approval_ttl_s=3 * DAY_S)
 
 
 def scripted(calls: list[dict[str, Any]], log: Path | None) -> FunctionModel:
@@ -139,9 +174,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             approval_ttl_s=args.approval_ttl_s,
         )
         calls = [json.loads(c) for c in args.call]
-        model = scripted(calls, Path(args.model_log) if args.model_log else None)
+        log = Path(args.model_log) if args.model_log else None
         try:
-            result = await durable.run(run, "refund my charges", model=model)
+            if args.framework == "openai":
+                runner = build_openai(payments, approval=args.approval, calls=calls, log=log)
+                done = await runner.run(run, "refund my charges")
+                if isinstance(done, OpenAIFinished):
+                    return {"status": "finished", "output": done.output}
+                return {"status": "waiting", "approvals": [
+                    {"id": a.tool_call_id, "args": a.args, "hash": a.args_hash}
+                    for a in done.approvals
+                ]}  # fmt: skip
+            result = await durable.run(run, "refund my charges", model=scripted(calls, log))
         except AgentRunError as error:
             return {"status": "error", "type": type(error).__name__, "error": str(error)}
         if isinstance(result, RunFinished):
@@ -161,6 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.support.durable_agent")
     parser.add_argument("command", choices=["run", "decide"])
     parser.add_argument("--db-url", required=True)
+    parser.add_argument("--framework", choices=["pydantic-ai", "openai"], default="pydantic-ai")
     parser.add_argument("--topic", default="outboxkit.actions")
     parser.add_argument("--tenant", default="acme")
     parser.add_argument("--run-id", required=True)

@@ -10,9 +10,10 @@ transaction, which also writes their CloudEvents through the outbox. Effects go 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from outboxkit.agents.errors import AgentRunError, DefinitionChangedError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 _CALL: contextvars.ContextVar[CallInfo] = contextvars.ContextVar("outboxkit_agents_call")
+_RUN: contextvars.ContextVar[AgentRun] = contextvars.ContextVar("outboxkit_agents_run")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,24 @@ class AgentRun:
         """The record under ``key``, if any."""
         async with self.sessions() as session:
             return await self.store.get(session, self.tenant, key)
+
+
+@contextlib.contextmanager
+def using_run(run: AgentRun) -> Iterator[AgentRun]:
+    """Make ``run`` the run of the durable tools called inside (a context variable)."""
+    token = _RUN.set(run)
+    try:
+        yield run
+    finally:
+        _RUN.reset(token)
+
+
+def current_run() -> AgentRun:
+    """The run of the innermost :func:`using_run` around this call."""
+    try:
+        return _RUN.get()
+    except LookupError:
+        raise AgentRunError("a durable tool runs inside its durable runner's run") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +214,11 @@ __all__ = [
     "AgentRun",
     "CallInfo",
     "current_call",
+    "current_run",
     "json_hash",
     "record_once",
     "record_outcome",
     "record_start",
     "run_effect",
+    "using_run",
 ]

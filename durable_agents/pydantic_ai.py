@@ -83,6 +83,16 @@ class DurableTool:
     timeout_s: float | None = None
 
 
+def tool_key(run: AgentRun, name: str, args: dict[str, Any], config: DurableTool) -> str:
+    """The operation key of a call of tool ``name`` with (JSON) ``args`` in ``run``."""
+    if config.target:
+        target = canonical_json([args.get(part) for part in config.target])
+    else:
+        target = params_hash(args)
+    action_type = config.action_type or f"agent.tool.{name}"
+    return run.key(f"tool:{name}", action_type, target, config.version)
+
+
 async def _model_requests_are_safe(operation: OperationRecord) -> ReconcileOutcome:
     """A model request has no effect of its own: an interrupted one is asked again."""
     return Absent("a model request changes nothing outside; asking again is safe")
@@ -191,12 +201,8 @@ class DurableToolset(WrapperToolset[DepsT]):
         args = to_jsonable_python(tool_args)
         if tool.tool_def.kind == "unapproved":
             await check_approved(run, ctx.tool_call_id or "", _called_with(ctx))
-        if config.target:
-            target = canonical_json([args.get(part) for part in config.target])
-        else:
-            target = params_hash(args)
         action_type = config.action_type or f"agent.tool.{name}"
-        key = run.key(f"tool:{name}", action_type, target, config.version)
+        key = tool_key(run, name, args, config)
 
         async def call() -> Any:
             value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
@@ -305,6 +311,10 @@ class DurableAgent(Generic[DepsT, OutputT]):
                 history = result.all_messages()
         await record_outcome(run, self.name, to_jsonable_python(output))
         return RunFinished(output, result.all_messages(), durable_model.model_calls)
+
+    def tool_key(self, run: AgentRun, name: str, args: dict[str, Any]) -> str:
+        """The operation key a call of tool ``name`` with ``args`` has in ``run``."""
+        return tool_key(run, name, to_jsonable_python(args), self.tools.get(name, DurableTool()))
 
     async def _decisions(
         self, run: AgentRun, requests: DeferredToolRequests

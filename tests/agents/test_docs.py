@@ -1,0 +1,17 @@
+"""docs/agents.md shows code that the crash tests run: each of its Python blocks is verbatim
+in the module those tests start as a process."""
+
+from __future__ import annotations
+
+import re
+
+from tests.support import REPO
+
+
+def test_every_example_in_the_agents_guide_is_code_the_tests_run() -> None:
+    guide = (REPO / "docs" / "agents.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
+    source = (REPO / "tests" / "support" / "durable_agent.py").read_text()
+    assert len(blocks) == 2
+    for block in blocks:
+        assert block in source, block
