@@ -117,7 +117,7 @@ async def test_the_demo_ends_with_one_refund(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "provider refunds: 1" in result.stdout
