@@ -1,0 +1,74 @@
+"""LangGraph on outboxkit's ledger: a node that runs again from its start after an interrupt
+does not refund twice; approvals given with ``Command(resume=...)`` are bound to the arguments'
+hash (in-process: PostgreSQL and the loopback provider counting refunds)."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+from outboxkit.agents import AgentRun, ApprovalRefusedError, json_hash
+from outboxkit.agents.langgraph import ledger_task
+from outboxkit.agents.ledger import current_call, using_run
+
+from examples.refund_agent.payments import PaymentsClient
+from examples.refund_agent.provider import PaymentProvider
+from tests.support.actions import sessions_for
+
+T = "acme"
+BIG = {"charge_id": "ch_big", "amount_cents": 40000}
+
+
+class Ticket(TypedDict, total=False):
+    refunds: list[str]
+
+
+def graph(payments: PaymentsClient, runs: list[str]) -> Any:
+    async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
+        return await payments.refund(
+            current_call().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency="EUR",
+        )
+
+    small = ledger_task(refund, name="refund", target=("charge_id",), reconciler=payments.reconcile)
+    big = ledger_task(refund, name="big_refund", target=("charge_id",), needs_approval=True)
+
+    async def node(state: Ticket) -> Ticket:
+        runs.append("node")  # LangGraph runs it again from here on resume
+        first = await small(charge_id="ch_small", amount_cents=500)
+        second = await big(**BIG)
+        return {"refunds": [first["id"], second["id"]]}
+
+    builder = StateGraph(Ticket)
+    builder.add_node("refunds", node)
+    builder.add_edge(START, "refunds")
+    builder.add_edge("refunds", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("right", [True, False])
+async def test_a_node_run_again_after_its_interrupt_refunds_once(pg_url: str, right: bool) -> None:
+    with PaymentProvider() as provider:
+        async with sessions_for(pg_url) as sessions:
+            runs: list[str] = []
+            app = graph(PaymentsClient(provider.url, account=T), runs)
+            config = {"configurable": {"thread_id": "thread-1"}}
+            with using_run(AgentRun(sessions, tenant=T, run_id="thread-1")):
+                first = await app.ainvoke({}, config)
+                [pending] = first["__interrupt__"]
+                assert pending.value["args"] == BIG and provider.refund_count() == 1
+                shown = pending.value["args_hash"] if right else json_hash({**BIG, "x": 1})
+                resume = Command(resume={"args_hash": shown, "by": "alice"})
+                if right:
+                    done = await app.ainvoke(resume, config)
+                    assert len(done["refunds"]) == 2 and provider.refund_count() == 2
+                else:
+                    with pytest.raises(ApprovalRefusedError, match="other arguments"):
+                        await app.ainvoke(resume, config)
+                    assert provider.refund_count() == 1  # the big refund did not happen
+        assert runs == ["node", "node"]  # the node ran again; the small refund did not
