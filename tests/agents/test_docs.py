@@ -1,5 +1,5 @@
 """docs/agents.md shows code that the crash tests run: each of its Python blocks is verbatim
-in the module those tests start as a process (indentation aside)."""
+in the module those tests start as a process (indentation and blank lines aside)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tests.support import REPO
 
 
 def _lines(text: str) -> str:
-    return "\n".join(line.strip() for line in text.splitlines())
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def test_every_example_in_the_agents_guide_is_code_the_tests_run() -> None:

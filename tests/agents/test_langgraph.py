@@ -4,6 +4,7 @@ hash (in-process: PostgreSQL and the loopback provider counting refunds)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 
 import pytest
@@ -16,7 +17,8 @@ from outboxkit.agents.ledger import current_call, using_run
 
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import PaymentProvider
-from tests.support.actions import sessions_for
+from tests.agents.test_pydantic_ai import CALL, agent_process, operations
+from tests.support.actions import event_types, sessions_for
 
 T = "acme"
 BIG = {"charge_id": "ch_big", "amount_cents": 40000}
@@ -72,3 +74,17 @@ async def test_a_node_run_again_after_its_interrupt_refunds_once(pg_url: str, ri
                         await app.ainvoke(resume, config)
                     assert provider.refund_count() == 1  # the big refund did not happen
         assert runs == ["node", "node"]  # the node ran again; the small refund did not
+
+
+async def test_killed_after_the_provider_committed_resumes_with_one_refund(pg_url: str) -> None:
+    with PaymentProvider() as provider:
+        argv = ["--framework", "langgraph", "--provider-url", provider.url]
+        argv += ["--call", json.dumps(CALL), "--call", json.dumps(CALL)]  # the same call twice
+        code, _ = await agent_process(pg_url, "run", "g-commit", *argv, kill_at="after_provider")
+        assert code == -9 and provider.refund_count() == 1
+        [(key, state)] = operations(pg_url, "agent.tool.refund")
+        assert state == "RUNNING"
+        _, out = await agent_process(pg_url, "run", "g-commit", *argv)
+        assert out is not None and out["status"] == "finished" and len(out["output"]) == 1
+        assert provider.refund_count() == 1 and provider.replays == 0
+    assert event_types(pg_url, T, key) == ["requested", "started", "unknown", "reconciled"]

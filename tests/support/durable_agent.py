@@ -23,6 +23,7 @@ from agents import Agent as OpenAIAgent
 from agents import set_tracing_disabled
 from outboxkit.actions import ActionStore
 from outboxkit.agents import AgentRun, AgentRunError, ApprovalRefusedError, current_call, decide
+from outboxkit.agents.ledger import using_run
 from outboxkit.agents.openai_agents import DurableRunner, ledger_tool
 from outboxkit.agents.openai_agents import RunFinished as OpenAIFinished
 from outboxkit.agents.pydantic_ai import DurableAgent, DurableTool, RunFinished
@@ -115,6 +116,35 @@ def build_openai(
     return DurableRunner(agent, version=1, approval_ttl_s=3 * DAY_S)
 
 
+def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> Any:
+    """A LangGraph graph whose one node makes the refunds of ``calls`` through the ledger."""
+    from langgraph.graph import END, START, StateGraph
+    from outboxkit.agents.langgraph import ledger_task
+
+    async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
+        kill_at("before_tool")
+        reply = await payments.refund(
+            current_call().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency="EUR",
+        )
+        kill_at("after_provider")
+        return reply
+
+    task = ledger_task(refund, target=("charge_id",), reconciler=payments.reconcile)
+
+    async def node(state: dict[str, Any]) -> dict[str, Any]:
+        made = [await task(**call) for call in calls]
+        return {"refunds": sorted({refund["id"] for refund in made})}
+
+    builder = StateGraph(dict)
+    builder.add_node("refunds", node)
+    builder.add_edge(START, "refunds")
+    builder.add_edge("refunds", END)
+    return builder.compile()
+
+
 def scripted(calls: list[dict[str, Any]], log: Path | None) -> FunctionModel:
     """A model that makes the tool calls in ``calls`` one per turn, then answers."""
 
@@ -176,6 +206,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         calls = [json.loads(c) for c in args.call]
         log = Path(args.model_log) if args.model_log else None
         try:
+            if args.framework == "langgraph":
+                with using_run(run):
+                    state = await build_langgraph(payments, calls).ainvoke({})
+                return {"status": "finished", "output": state["refunds"]}
             if args.framework == "openai":
                 runner = build_openai(payments, approval=args.approval, calls=calls, log=log)
                 done = await runner.run(run, "refund my charges")
@@ -205,7 +239,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.support.durable_agent")
     parser.add_argument("command", choices=["run", "decide"])
     parser.add_argument("--db-url", required=True)
-    parser.add_argument("--framework", choices=["pydantic-ai", "openai"], default="pydantic-ai")
+    parser.add_argument(
+        "--framework", choices=["pydantic-ai", "openai", "langgraph"], default="pydantic-ai"
+    )
     parser.add_argument("--topic", default="outboxkit.actions")
     parser.add_argument("--tenant", default="acme")
     parser.add_argument("--run-id", required=True)
