@@ -21,6 +21,7 @@ from tests.agents.test_pydantic_ai import CALL, agent_process, operations
 from tests.support.actions import event_types, sessions_for
 
 T = "acme"
+pytestmark = pytest.mark.timeout(1800)  # processes importing the frameworks: 40-150 s each
 BIG = {"charge_id": "ch_big", "amount_cents": 40000}
 
 

@@ -16,6 +16,7 @@ from tests.agents.test_pydantic_ai import CALL, T, agent_process, operations
 from tests.support.actions import event_types, sessions_for
 from tests.support.durable_agent import build_openai, model_calls
 
+pytestmark = pytest.mark.timeout(1800)  # processes importing the frameworks: 40-150 s each
 OPENAI = ["--framework", "openai"]
 
 

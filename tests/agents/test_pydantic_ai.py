@@ -36,6 +36,7 @@ from tests.support.durable_agent import DAY_S, INSTRUCTIONS, build, model_calls,
 from tests.support.kafka import read_topic
 
 T = "acme"
+pytestmark = pytest.mark.timeout(1800)  # processes importing the frameworks: 40-150 s each
 CALL = {"charge_id": "ch_1", "amount_cents": 1999}
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=0.2)
 

@@ -160,7 +160,9 @@ async def test_a_run_killed_after_the_refund_starts_again_and_gets_the_stored_re
             crashed = await in_tx(sessions, lambda s: ActionStore().get(s, T, key))
             assert crashed.state is State.RUNNING  # nobody recorded the outcome
 
-            result = await handle_ticket(actions, agent, TICKET)  # started again
+            # started again on the worker's ticket: the same prompt, or the run is another one
+            worker_ticket = Ticket("T-cli", TICKET.charge_id, TICKET.amount_cents)
+            result = await handle_ticket(actions, agent, worker_ticket)
         stored = Refund.model_validate(provider.refunds()[0])
         [returned] = tool_returns(result.messages)
         assert returned.content == stored.model_dump()  # the model got the stored refund
