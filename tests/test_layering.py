@@ -1,9 +1,9 @@
 """The package's layers: every import inside outboxkit points down, never up or sideways.
 
 The order, lowest first: the outbox kernel; migrations, relay and consumers (which never import
-each other); agent actions and HTTP idempotency; durable workflows; operator tools and the test
-kit; the web console; the CLI; the root package, which only gathers public names. A module may
-import its own layer's package and any lower layer.
+each other); agent actions and HTTP idempotency; durable workflows; durable agents; operator
+tools and the test kit; the web console; the CLI; the root package, which only gathers public
+names. A module may import its own layer's package and any lower layer.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"migrations", "relay", "consumers"},
     {"actions", "idempotency"},
     {"workflows"},
+    {"agents"},
     {"ops", "testing"},
     {"console"},
     {"cli"},

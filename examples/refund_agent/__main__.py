@@ -1,4 +1,4 @@
-"""``python -m examples.refund_agent``: a pydantic-ai agent whose refund happens exactly once.
+"""``python -m examples.refund_agent``: a durable pydantic-ai agent whose refund happens once.
 
 Without arguments it runs the demo against its own provider on loopback, with the scripted
 model (offline). ``refund`` runs the agent on one ticket against a provider given by URL and
@@ -12,7 +12,8 @@ import asyncio
 import json
 import uuid
 
-from outboxkit.actions import ActionError, ActionOutcomeUnknownError, Actions, ActionStore
+from outboxkit.actions import ActionError, ActionOutcomeUnknownError, ActionStore
+from outboxkit.agents import AgentRun
 from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.settings import Settings
@@ -22,10 +23,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from examples.refund_agent.agent import (
     Ticket,
-    build_agent,
     handle_ticket,
-    refund_step,
-    scripted_model,
+    refund_agent,
 )
 from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
@@ -42,11 +41,9 @@ async def demo(db_url: str) -> int:
     ticket = Ticket(ticket_id="T-1001", charge_id="ch_42", amount_cents=1999)
     try:
         with PaymentProvider() as provider:
-            refund = refund_step(PaymentsClient(provider.url, account=TENANT))
-            agent = build_agent(refund)
-            actions = Actions(sessions, tenant=TENANT, run_id=run_id, timeout_s=5)
-            with actions:
-                key = refund.key(ticket.charge_id, ticket.amount_cents, ticket.currency)
+            agent = refund_agent(PaymentsClient(provider.url, account=TENANT))
+            actions = AgentRun(sessions, tenant=TENANT, run_id=run_id, timeout_s=5)
+            key = agent.tool_key(actions, "refund", ticket.tool_arguments())
             print(f"agent run {run_id}, refund operation {key}")
 
             print("1. the model calls the refund tool; the provider refunds, then drops the reply")
@@ -62,11 +59,9 @@ async def demo(db_url: str) -> int:
             answer = await handle_ticket(actions, agent, ticket)
             print(f"   agent: {answer.output}")
 
-            print("3. a model that calls the tool twice in one run gets the stored refund twice")
-            again = await handle_ticket(
-                actions, agent, ticket, model=scripted_model(ticket, calls=2)
-            )
-            print(f"   agent: {again.output}")
+            print("3. the run again: the model is not asked again, the refund not made again")
+            again = await handle_ticket(actions, agent, ticket)
+            print(f"   agent: {again.output} (model requests sent: {again.model_calls})")
 
             refunds = provider.refund_count(TENANT)
             print(f"provider refunds: {refunds}")
@@ -97,7 +92,7 @@ async def refund_once(args: argparse.Namespace) -> int:
     engine = make_async_engine(args.db_url)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     payments = PaymentsClient(args.provider_url, account=args.tenant)
-    actions = Actions(
+    actions = AgentRun(
         sessions,
         tenant=args.tenant,
         run_id=args.run_id,
@@ -106,7 +101,7 @@ async def refund_once(args: argparse.Namespace) -> int:
     )
     ticket = Ticket(ticket_id="T-cli", charge_id=args.charge_id, amount_cents=args.amount)
     try:
-        result = await handle_ticket(actions, build_agent(refund_step(payments)), ticket)
+        result = await handle_ticket(actions, refund_agent(payments), ticket)
         print(json.dumps({"output": result.output}))
         return 0
     except ActionOutcomeUnknownError as error:

@@ -1,9 +1,15 @@
-"""The refund agent: a pydantic-ai agent whose refund tool is an at-most-once step.
+"""The refund agent: a pydantic-ai agent run durably on outboxkit's agent ledger.
 
-The tool *is* the step: ``refund_step(payments)`` is registered with the agent as it is. The
-model is pydantic-ai's ``FunctionModel``, scripted here to read a ticket and call the tool, so
-the example runs offline (no network, no API key); a real model plugs in the same way
+``refund_agent(payments)`` is a plain pydantic-ai agent with a plain refund tool, made durable by
+:class:`~outboxkit.agents.pydantic_ai.DurableAgent`: each model answer is recorded and replayed
+on a resumed run, and each refund goes through the ledger at most once, keyed by charge and
+reconciled with the provider by its Idempotency-Key. The model is pydantic-ai's
+``FunctionModel``, scripted here to read a ticket and call the tool, so the example runs offline
+(no network, no API key); a real model plugs in the same way
 (``handle_ticket(..., model="openai:gpt-5")``).
+
+``refund_step`` is the same refund as an ``@step`` of :mod:`outboxkit.actions` (the lower-level
+API, without model replay), used by the ledger's own tests.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import Annotated
 
-from outboxkit.actions import Actions, Step, current_step, step
+from outboxkit.actions import Step, current_step, step
+from outboxkit.agents import AgentRun, current_call
+from outboxkit.agents.pydantic_ai import DurableAgent, DurableTool, RunFinished, RunWaiting
 from pydantic import BaseModel, Field
-from pydantic_ai import Agent, AgentRunResult
+from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -51,6 +59,14 @@ class Ticket:
             f"Ticket {self.ticket_id}: please refund {self.amount_cents} {self.currency} "
             f"cents of charge {self.charge_id}."
         )
+
+    def tool_arguments(self) -> dict[str, object]:
+        """The refund tool's arguments for this ticket, as the scripted model sends them."""
+        return {
+            "charge_id": self.charge_id,
+            "amount_cents": self.amount_cents,
+            "currency": self.currency,
+        }
 
 
 class Refund(BaseModel):
@@ -107,11 +123,7 @@ def scripted_model(ticket: Ticket, *, calls: int = 1) -> FunctionModel:
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         returns = tool_returns(messages)
         if len(returns) < calls:
-            arguments = {
-                "charge_id": ticket.charge_id,
-                "amount_cents": ticket.amount_cents,
-                "currency": ticket.currency,
-            }
+            arguments = ticket.tool_arguments()
             return ModelResponse(
                 parts=[ToolCallPart("refund", arguments, tool_call_id=f"call-{len(returns)}")]
             )
@@ -132,17 +144,43 @@ def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
     ]
 
 
+def refund_agent(payments: PaymentsClient) -> DurableAgent[None, str]:
+    """The durable agent: its refund tool at most once per charge in a run, whatever happens."""
+
+    async def refund(
+        charge_id: str,
+        amount_cents: Annotated[int, Field(gt=0, le=MAX_REFUND_CENTS)],
+        currency: str = "EUR",
+    ) -> Refund:
+        """Refund ``amount_cents`` of the customer's charge ``charge_id``."""
+        reply = await payments.refund(
+            current_call().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency=currency,
+        )
+        return Refund.model_validate(reply)
+
+    agent = Agent(name="refund-agent", instructions=INSTRUCTIONS, tools=[refund])
+    refunds = DurableTool(
+        target=("charge_id",), reconciler=payments.reconcile, action_type=ACTION_TYPE
+    )
+    return DurableAgent(agent, version=1, tools={"refund": refunds})
+
+
 async def handle_ticket(
-    actions: Actions,
-    agent: Agent[None, str],
+    run: AgentRun,
+    agent: DurableAgent[None, str],
     ticket: Ticket,
     *,
     model: Model | str | None = None,
-) -> AgentRunResult[str]:
-    """Run the agent on ``ticket`` under ``actions`` (tenant and run id); ``.output`` answers.
+) -> RunFinished[str]:
+    """Run the agent on ``ticket`` as the durable run ``run``; ``.output`` answers.
 
-    Safe to call again with the same run id after any failure or crash: the refund step
-    returns the stored refund instead of refunding again.
+    Safe to call again with the same run id after any failure or crash: answered model
+    requests are replayed and the refund tool returns the stored refund instead of refunding
+    again.
     """
-    with actions:
-        return await agent.run(ticket.prompt(), model=model or scripted_model(ticket))
+    result = await agent.run(run, ticket.prompt(), model=model or scripted_model(ticket))
+    assert not isinstance(result, RunWaiting)  # no tool of this agent needs an approval
+    return result

@@ -139,7 +139,7 @@ async def kill_once_the_provider_committed(
     """SIGKILL ``worker`` as soon as the provider holds its committed refund (``hold``), as a
     crash after the side effect and before the record would; then let the provider go on."""
     try:
-        await wait_for(lambda: hold.reached.is_set() or worker.poll() is not None, bool, 60, what)
+        await wait_for(lambda: hold.reached.is_set() or worker.poll() is not None, bool, 300, what)
         assert worker.poll() is None, worker.stdout.read().decode() if worker.stdout else ""
         worker.send_signal(signal.SIGKILL)
         assert worker.wait(scaled(30)) == -signal.SIGKILL

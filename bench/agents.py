@@ -1,0 +1,156 @@
+"""``python -m bench.agents [--calls 1000]``: the time outboxkit's pydantic-ai durability adds.
+
+``--calls`` runs of a pydantic-ai agent (a ``FunctionModel`` answering at once, one no-op tool
+call per run, then a text) go once bare and once as durable runs on PostgreSQL, interleaved in
+rounds so drift in the machine's load hits both sides. For each durable tool call and model
+request the time spent outside the wrapped call (the ledger: begin, claim, record, their
+events) is measured; the per-run totals of both sides are compared too (a durable run also
+records its start and its outcome).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from outboxkit.agents import AgentRun
+from outboxkit.agents.pydantic_ai import DurableAgent, DurableModel, DurableToolset
+from outboxkit.outbox.db import make_async_engine
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from bench.common import postgres_database, report
+
+ROUNDS = 10
+
+
+def build() -> tuple[Agent[None, str], FunctionModel]:
+    async def lookup(order_id: str) -> dict[str, str]:
+        """Look an order up (a no-op)."""
+        return {"order_id": order_id, "status": "shipped"}
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if sum(isinstance(m, ModelResponse) for m in messages) == 0:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"order_id": "o-1"}, "c-0")])
+        return ModelResponse(parts=[TextPart("shipped")])
+
+    return Agent(name="bench", tools=[lookup]), FunctionModel(respond)
+
+
+class Timed:
+    """Time inside and outside the wrapped calls of the durable model and toolset."""
+
+    def __init__(self) -> None:
+        self.tool: list[float] = []
+        self.model: list[float] = []
+
+    def install(self) -> None:
+        original_request = DurableModel.request
+        original_call = DurableToolset.call_tool
+        inner: list[float] = [0.0]
+
+        async def request(model: DurableModel, *args: Any) -> Any:
+            wrapped_request = model.wrapped.request
+
+            async def timed_inner(*a: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await wrapped_request(*a)
+                finally:
+                    inner[0] += time.perf_counter() - started
+
+            model.wrapped.request = timed_inner  # type: ignore[method-assign]
+            inner[0] = 0.0
+            started = time.perf_counter()
+            try:
+                return await original_request(model, *args)
+            finally:
+                self.model.append(time.perf_counter() - started - inner[0])
+                del model.wrapped.request
+
+        async def call_tool(toolset: DurableToolset[Any], *args: Any) -> Any:
+            wrapped_call = toolset.wrapped.call_tool
+            spent = [0.0]
+
+            async def timed_inner(*a: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await wrapped_call(*a)
+                finally:
+                    spent[0] += time.perf_counter() - started
+
+            toolset.wrapped.call_tool = timed_inner  # type: ignore[method-assign]
+            started = time.perf_counter()
+            try:
+                return await original_call(toolset, *args)
+            finally:
+                self.tool.append(time.perf_counter() - started - spent[0])
+                del toolset.wrapped.call_tool
+
+        DurableModel.request = request  # type: ignore[method-assign]
+        DurableToolset.call_tool = call_tool  # type: ignore[method-assign]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def main_async(calls: int) -> None:
+    timed = Timed()
+    timed.install()
+    with postgres_database() as url:
+        engine = make_async_engine(url, pool_size=5, max_overflow=0)
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        agent, model = build()
+        durable = DurableAgent(agent, version=1)
+        bare: list[float] = []
+        durable_runs: list[float] = []
+        per_round = max(1, calls // ROUNDS)
+        try:
+            for round_ in range(ROUNDS):
+                for _ in range(per_round):
+                    started = time.perf_counter()
+                    await agent.run("where is o-1?", model=model)
+                    bare.append(time.perf_counter() - started)
+                for i in range(per_round):
+                    run = AgentRun(sessions, tenant="bench", run_id=f"run-{round_}-{i}")
+                    started = time.perf_counter()
+                    await durable.run(run, "where is o-1?", model=model)
+                    durable_runs.append(time.perf_counter() - started)
+        finally:
+            await engine.dispose()
+    rows = [
+        ["tool call: added by the ledger", len(timed.tool), pct(timed.tool, 0.5),
+         pct(timed.tool, 0.99)],
+        ["model request: added by the ledger", len(timed.model), pct(timed.model, 0.5),
+         pct(timed.model, 0.99)],
+        ["run, bare pydantic-ai", len(bare), pct(bare, 0.5), pct(bare, 0.99)],
+        ["run, durable (start + 2 requests + 1 tool call + outcome)", len(durable_runs),
+         pct(durable_runs, 0.5), pct(durable_runs, 0.99)],
+    ]  # fmt: skip
+    data = {
+        "calls": calls,
+        "tool_added_ms_p50": pct(timed.tool, 0.5),
+        "model_added_ms_p50": pct(timed.model, 0.5),
+        "bare_run_ms_p50": pct(bare, 0.5),
+        "durable_run_ms_p50": pct(durable_runs, 0.5),
+        "durable_run_ms_mean": statistics.mean(durable_runs) * 1000,
+    }
+    report("agents", "pydantic-ai durability on PostgreSQL", ["what", "n", "p50 ms", "p99 ms"],
+           rows, data)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.agents")
+    parser.add_argument("--calls", type=int, default=1000)
+    asyncio.run(main_async(parser.parse_args().calls))
+
+
+if __name__ == "__main__":
+    main()
