@@ -1,4 +1,4 @@
-"""The console's audit trail (table ``console_audit``, migration ``0014_console_audit``).
+"""The console's audit trail (table ``console_audit``, migration ``0012_console_audit``).
 
 Every action taken in the console is one row, written whether the action succeeded or failed:
 who (name and role), what, on which target and filter, how many rows or records it touched,

@@ -27,7 +27,7 @@ Index("ix_inbox_events_processed_ms", inbox_events.c.processed_ms)
 
 # Dead letters that keep the order (``on_dead_letter="sequence"``): a key whose head record was
 # dead-lettered is *blocked* for the consumer; its later records are *held* until the head is
-# resolved, then applied in their order. Created by the migration ``0016_consumer_sequences``.
+# resolved, then applied in their order. Created by the migration ``0013_consumer_sequences``.
 KEY_HASH_MAX = 64  # sha256 hex of the raw Kafka key
 KEY_SHOWN_MAX = 200
 TOPIC_MAX = 249

@@ -1,7 +1,7 @@
 """The console's audit trail: every action taken in ``outboxkit console``.
 
-Revision ID: 0014_console_audit
-Revises: 0010_outbox_publication
+Revision ID: 0012_console_audit
+Revises: 0011_slot_catch_ups
 Create Date: 2026-12-01
 
 One row per action an operator took in the web console (a replay, a requeue, a resolution, a
@@ -12,8 +12,8 @@ why. Listed newest first by ``id``.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014_console_audit"
-down_revision = "0010_outbox_publication"
+revision = "0012_console_audit"
+down_revision = "0011_slot_catch_ups"
 branch_labels = None
 depends_on = None
 

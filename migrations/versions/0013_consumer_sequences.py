@@ -1,7 +1,7 @@
 """Dead letters that keep the order: blocked keys and the records held behind them.
 
-Revision ID: 0016_consumer_sequences
-Revises: 0010_outbox_publication
+Revision ID: 0013_consumer_sequences
+Revises: 0012_console_audit
 Create Date: 2026-12-01
 
 A consumer handler with ``on_dead_letter="sequence"`` blocks a key whose record was
@@ -12,8 +12,8 @@ dead-lettered (``consumer_sequences``) and stores the key's later records
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016_consumer_sequences"
-down_revision = "0010_outbox_publication"
+revision = "0013_consumer_sequences"
+down_revision = "0012_console_audit"
 branch_labels = None
 depends_on = None
 
