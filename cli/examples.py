@@ -22,6 +22,15 @@ EXAMPLES: dict[str, str] = {
     "dlq list": "outboxkit dlq list orders.dlq --group --since 2h",
     "dlq show": "outboxkit dlq show orders.dlq 42 --partition 0",
     "dlq replay": "outboxkit dlq replay orders.dlq --error-class TimeoutError --dry-run",
+    "dlq sequences list": "outboxkit dlq sequences list --consumer billing --json",
+    "dlq sequences show": "outboxkit dlq sequences show --consumer billing --topic orders "
+    "--key order-7",
+    "dlq sequences skip": "outboxkit dlq sequences skip --consumer billing --topic orders "
+    "--key order-7 --reason 'duplicate of order-6' --by alice",
+    "dlq sequences release": "outboxkit dlq sequences release --consumer billing --topic orders "
+    "--key order-7 --reason 'fixed by hand in the ERP' --by alice",
+    "console": "outboxkit console --db-url postgresql://app@db/orders --bootstrap kafka:9092 "
+    "--tokens-file /etc/outboxkit/console-tokens",
     "actions list": "outboxkit actions list --state UNKNOWN --older-than 10m",
     "actions show": "outboxkit actions show refund-42 --tenant acme",
     "actions resolve": "outboxkit actions resolve refund-42 --tenant acme --succeeded "

@@ -158,6 +158,8 @@ def relay(
         raise typer.BadParameter(str(error)) from error
     if timeout is not None and not drain:
         raise CliError("--timeout: only with --drain")
+    if (mode == "logical" or drop_slot) and settings.db_url.startswith("sqlite"):
+        raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
     if drain:  # a one-off run fails fast on a misconfigured database or broker, not retrying
         asyncio.run(ping_database(settings.db_url))
         asyncio.run(ping_kafka(kafka, request_timeout))

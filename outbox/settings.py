@@ -48,6 +48,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "OUTBOXKIT_CACHE": "folder of the test kit's caches (the Kafka jars)",
     "OUTBOXKIT_TEST_PG_URL": "PostgreSQL server the test kit makes throwaway databases on",
     "OUTBOXKIT_PG_PASSWORD": "password scripts/start-postgres.sh gives the postgres user",
+    "OUTBOXKIT_CONSOLE_TOKENS": "the console's TOKEN ROLE NAME lines (outboxkit console)",
 }
 # Prefixes left to test suites and benches (their apps read them), never to a setting.
 RESERVED_PREFIXES = ("OUTBOXKIT_TEST_", "OUTBOXKIT_BENCH_", "OUTBOXKIT_CHAOS_", "OUTBOXKIT_FUZZ_")

@@ -14,12 +14,13 @@ import subprocess
 import sys
 
 from outboxkit.actions import ActionStore, State, reconcile_unknown
+from outboxkit.agents import AgentRun
 
-from examples.refund_agent.agent import Ticket
+from examples.refund_agent.agent import Ticket, handle_ticket, refund_agent
+from examples.refund_agent.payments import PaymentsClient
 from examples.refund_agent.provider import Fault, PaymentProvider
 from tests.support import REPO
 from tests.support.actions import (
-    RefundSteps,
     event_types,
     in_tx,
     kill_once_the_provider_committed,
@@ -70,8 +71,10 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
         assert provider.refund_count() == 1
 
         async with sessions_for(db_url) as sessions:
-            refund = RefundSteps(sessions, store, provider.url, tenant=T, run_id="run-7")
-            key = refund.key(ticket)
+            payments = PaymentsClient(provider.url, account=T, timeout_s=30)
+            agent = refund_agent(payments)
+            run = AgentRun(sessions, tenant=T, run_id="run-7", store=store)
+            key = agent.tool_key(run, "refund", ticket.tool_arguments())
             crashed = await in_tx(sessions, lambda s: store.get(s, T, key))
             assert crashed.state is State.RUNNING  # nobody recorded the outcome
             assert f":{worker.pid}:" in crashed.lease_holder
@@ -85,11 +88,11 @@ async def test_worker_killed_after_the_refund_is_unknown_then_reconciled(db_url:
             )
             assert swept[0].state is State.UNKNOWN
 
-            [reconciled] = await reconcile_unknown(sessions, store, refund.payments.reconcile)
+            [reconciled] = await reconcile_unknown(sessions, store, payments.reconcile)
             assert reconciled.state is State.SUCCEEDED
             assert reconciled.result == provider.refunds()[0]
 
-            outcome = await refund(ticket)  # the agent's retry after restart
-            assert not outcome.executed and outcome.value.id == reconciled.result["id"]
+            again = await handle_ticket(run, agent, ticket)  # the agent's run after restart
+            assert reconciled.result["id"] in again.output
         assert provider.refund_count() == 1 and provider.replays == 0
     assert event_types(db_url, T, key) == ["requested", "started", "unknown", "reconciled"]

@@ -33,9 +33,9 @@ def test_transition_ids_are_distinct_per_tenant_and_workflow(
 def test_timer_ids_never_equal_each_other_or_a_transition(
     t1: str, c1: str, t2: str, c2: str
 ) -> None:
-    timer = timer_event(SOURCE, t1, "w", c1, "deadline").get_id()
+    timer = timer_event(SOURCE, t1, "w", c1, "deadline", secret="").get_id()
     if (t1, c1) != (t2, c2):
-        assert timer != timer_event(SOURCE, t2, "w", c2, "deadline").get_id()
+        assert timer != timer_event(SOURCE, t2, "w", c2, "deadline", secret="").get_id()
     assert timer != transition_event(SOURCE, t2, c2, 0, {}).get_id()
 
 
