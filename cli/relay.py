@@ -160,11 +160,12 @@ def relay(
         raise CliError("--timeout: only with --drain")
     if (mode == "logical" or drop_slot) and settings.db_url.startswith("sqlite"):
         raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
-    if drain:  # a one-off run fails fast on a misconfigured database or broker, not retrying
+    if drain:  # a one-off run fails fast on a misconfigured database, not retrying
         asyncio.run(ping_database(settings.db_url))
-        asyncio.run(ping_kafka(kafka, request_timeout))
     # An unmigrated database is one line before the relay starts (no started/stopped lines).
     asyncio.run(require_migrated(settings.db_url, strict=drain))
+    if drain:  # ... and on an unreachable broker
+        asyncio.run(ping_kafka(kafka, request_timeout))
     if mode == "logical" or drop_slot:
         # Refused at once, in one line, rather than by a relay retrying for ever.
         asyncio.run(logical_slot(settings.db_url, slot, drop=drop_slot, drain=drain))

@@ -91,8 +91,11 @@ def _redact(value: Any, extra: frozenset[str]) -> Any:
     return value
 
 
-def describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException, *, with_class: bool = False) -> str:
     """A short description of ``error`` that carries no payload and no secret.
+
+    ``with_class``: a safe type's message is preceded by its class (``AuthorizationError:
+    ...``), for records that have no other place to name it (workflow history, last_error).
 
     - types marked safe (:data:`SAFE_MESSAGE_ATTRIBUTE`: outboxkit's own errors,
       ``TransientError``/``PermanentError``/``OutcomeUnknownError`` and the workflow failure
@@ -105,6 +108,9 @@ def describe_error(error: BaseException) -> str:
     At most :data:`MAX_MESSAGE_CHARS` characters.
     """
     text = _describe(error)
+    if with_class and getattr(type(error), SAFE_MESSAGE_ATTRIBUTE, False):
+        name = type(error).__name__
+        text = name if text == name else f"{name}: {text}"
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 

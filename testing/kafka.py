@@ -95,6 +95,9 @@ def free_port() -> int:
 def port_is_free(port: int) -> bool:
     """Whether nothing listens on (or holds) ``port`` on 127.0.0.1 right now."""
     with socket.socket() as probe:
+        # As a server binds (the broker does): a port whose last connections linger in
+        # TIME_WAIT after a stop is free to bind again, and a broker restarted on it must be.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

@@ -349,7 +349,7 @@ class Advancer:
                 status=Status.RUNNABLE,
                 trigger=trigger_of(record),
                 actor=ctx.actor,
-                decision={"reason": describe_error(error)},
+                decision={"reason": describe_error(error, with_class=True)},
                 run_at_ms=now,
                 approval=None,
                 **from_context(record, ctx),
@@ -367,7 +367,7 @@ class Advancer:
                     record.attempts + 1,
                     record.first_failure_ms or now,
                     failure.value,
-                    describe_error(error),
+                    describe_error(error, with_class=True),
                     key,
                 )
             return review(record, "unknown", failure, error, now, ctx, unknown=key)
@@ -393,7 +393,7 @@ class Advancer:
                 compensations,
                 now,
                 failure_class=failure.value,
-                last_error=describe_error(error),
+                last_error=describe_error(error, with_class=True),
                 **common,
             )
         return Change(
@@ -402,7 +402,7 @@ class Advancer:
             status=Status.RUNNABLE,
             trigger={**trigger_of(record), "failure": failure.value},
             actor=ctx.actor,
-            decision={"failure": failure.value, "error": describe_error(error)},
+            decision={"failure": failure.value, "error": describe_error(error, with_class=True)},
             run_at_ms=now,
             compensations=compensations,
             **common,

@@ -118,11 +118,11 @@ def review(
         status=Status.WAITING,
         trigger={**trigger_of(record), "failure": failure.value},
         actor="worker",
-        decision={"failure": failure.value, "error": describe_error(error)},
+        decision={"failure": failure.value, "error": describe_error(error, with_class=True)},
         unknown=unknown,
         review_from=record.state,
         failure_class=failure.value,
-        last_error=describe_error(error),
+        last_error=describe_error(error, with_class=True),
         open_unknown=unknown,
         **common,
     )
@@ -142,7 +142,7 @@ def retry_later(
         attempts,
         first,
         failure.value,
-        describe_error(error),
+        describe_error(error, with_class=True),
         record.open_unknown,
     )
 

@@ -161,17 +161,21 @@ async def test_requeue_sweep_and_cleanup_report_in_json(sqlite_url: str, topic: 
     assert migrated.json() == {"migrated": True}
 
 
-async def test_relay_logs_in_json_at_the_level_asked(sqlite_url: str, topic: str) -> None:
+async def test_relay_logs_in_json_at_the_level_asked(
+    sqlite_url: str, kafka_bootstrap: str, topic: str
+) -> None:
     """--log-level and --json-logs, as docs/observability.md says, on a real drain."""
+    broker = ("--bootstrap", kafka_bootstrap)
     done = await asyncio.to_thread(
         cli_process,
         *("relay", "--db-url", sqlite_url, "--drain", "--json-logs", "--log-level", "WARNING"),
+        *broker,
         timeout=300,
     )
     assert done.code == 0, done.err
     assert done.err.strip() == ""  # nothing pending, nothing at WARNING
     done = await asyncio.to_thread(
-        cli_process, "relay", "--db-url", sqlite_url, "--drain", "--json-logs", timeout=300
+        cli_process, "relay", "--db-url", sqlite_url, "--drain", "--json-logs", *broker, timeout=300
     )
     lines = [json.loads(line) for line in done.err.strip().splitlines()]
     assert lines and all(line["level"] == "INFO" for line in lines), done.err
