@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
 
 FAST = RelayOptions(lease_ttl_s=5.0, request_timeout_s=2.0, poll_interval_s=1.0)
 
@@ -208,7 +209,9 @@ async def test_timers_fire_soon_after_their_due_time_in_due_order_per_key(
         assert [due[i] for i in ids_of(mine)] == sorted(due[i] for i in ids_of(mine))  # type: ignore[type-var]
     p50, worst = statistics.median(lateness_ms), max(lateness_ms)
     print(f"\n{db_url.split(':')[0]}: 50 timers, lateness p50 {p50:.0f} ms, max {worst} ms")
-    assert worst < FAST.poll_interval_s * 1000, lateness_ms
+    # Each fires at the first poll after it is due: within a poll interval on a quiet machine,
+    # a few on a loaded one (the promise is "soon", not a latency figure: bench/ measures that).
+    assert worst < scaled(FAST.poll_interval_s) * 1000, lateness_ms
 
 
 def test_naive_and_malformed_schedules_are_refused_before_anything_is_written(
