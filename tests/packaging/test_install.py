@@ -53,7 +53,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
             sys.executable,
             "-m",
             "build",
-            "-q",
             "--installer",
             "uv",
             "--outdir",
