@@ -15,19 +15,20 @@ import psycopg2
 import psycopg2.extras
 import pytest
 from outboxkit.outbox import Outbox, new_event, wal_message
-from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.notify import listen_dsn
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.relay.logical import UNREADABLE_SOURCE
-from outboxkit.relay.slot import PUBLICATION
-from sqlalchemy import select, text
+from outboxkit.relay.slot import PUBLICATION, Slot, parse_lsn
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from tests.relay.invariants import (
+    SEQ_SQL,
     assert_nothing_lost,
     pending_rows,
     seqs_of,
@@ -37,6 +38,7 @@ from tests.relay.invariants import (
 from tests.relay.test_processes import KEYS, check_order, write_sequence
 from tests.support.kafka import wait_for
 from tests.support.ops import cli, cli_process
+from tests.support.waits import scaled
 
 LOGICAL = RelayOptions(
     lease_ttl_s=4.0, request_timeout_s=2.0, poll_interval_s=0.2, mode="logical", max_attempts=2
@@ -360,3 +362,106 @@ async def test_a_standby_facing_a_held_slot_backs_off(pg_url: str, kafka_bootstr
     finally:
         holder.close()
     assert 1 <= attempts <= 12, f"{attempts} attempts in 6 s"
+
+
+async def test_a_delete_before_the_commit_is_visible_waits_for_it(pg_url: str, topic: str) -> None:
+    # The stream hands a transaction over once its commit record is in the WAL, a moment before
+    # other sessions see it. Here that moment is held open: the rows' transaction commits only
+    # after the relay's DELETE first ran. The old confirm deleted nothing and confirmed anyway,
+    # leaving the rows in the table for good (a phantom backlog, published again later).
+    slot = Slot(make_async_engine(pg_url), "phantom_" + uuid.uuid4().hex[:12])
+    await slot.create()  # first: a slot is made only once no transaction is open
+    engine = make_engine(pg_url)
+    writer = engine.connect()
+    writing = writer.begin()
+    writer.execute(text(SEQ_SQL), {"topic": topic, "start": 0, "stop": 20})
+    ids = list(writer.scalars(select(outbox_events.c.id)))
+    try:
+        lsn = parse_lsn(str(await asyncio.to_thread(current_lsn, engine)))
+        confirming = asyncio.ensure_future(slot.confirm(lsn, ids))
+        await wait_for(lambda: slot.late_deletes, lambda n: n == 1, 30, "the DELETE missing")
+        assert not confirming.done(), "the slot is not confirmed past rows still in the table"
+        await asyncio.to_thread(writing.commit)
+        await asyncio.wait_for(confirming, scaled(30))
+    finally:
+        writer.close()
+        await slot.drop()
+        await slot.engine.dispose()
+    with engine.connect() as conn:
+        left = conn.scalar(select(func.count()).select_from(outbox_events))
+    engine.dispose()
+    assert left == 0, f"{left} of 20 published rows left in the table"
+
+
+def current_lsn(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.scalar(text("SELECT pg_current_wal_lsn()")))
+
+
+@pytest.fixture
+def small_slot_wal_keep(pg_url: str) -> Iterator[Engine]:
+    """The server's ``max_slot_wal_keep_size`` at 1 MB for the test (then reset): a slot that
+    falls behind by more is invalidated at the next checkpoint."""
+    engine = make_engine(pg_url).execution_options(isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    try:
+        yield engine
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text("ALTER SYSTEM RESET max_slot_wal_keep_size"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+        engine.dispose()
+
+
+def wal_status(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return conn.scalar(
+            text("SELECT wal_status FROM pg_replication_slots WHERE database = current_database()")
+        )
+
+
+def push_wal_past_the_slot(engine: Engine) -> str | None:
+    """Write and switch WAL segments, then checkpoint: the idle slot falls past the bound."""
+    with engine.connect() as conn:
+        for _ in range(3):
+            conn.execute(text("CREATE TEMP TABLE IF NOT EXISTS wal_fill (x int)"))
+            conn.execute(text("INSERT INTO wal_fill SELECT generate_series(1, 20000)"))
+            conn.execute(text("SELECT pg_switch_wal()"))
+        conn.execute(text("CHECKPOINT"))
+    return wal_status(engine)
+
+
+async def test_an_invalidated_slot_is_shown_then_recreated_and_the_table_published(
+    pg_url: str,
+    kafka_bootstrap: str,
+    topic: str,
+    small_slot_wal_keep: Engine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    async with relay_for(pg_url, kafka_bootstrap):
+        write_sequence(pg_url, topic, 0, 100, per_tx=10)
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 60, "first rows sent")
+    write_sequence(pg_url, topic, 100, 100, per_tx=10)  # committed while no relay runs
+    await wait_for(
+        lambda: push_wal_past_the_slot(small_slot_wal_keep),
+        lambda status: status == "lost",
+        120,
+        "the slot invalidated by max_slot_wal_keep_size",
+    )
+    status = ("status", "--db-url", pg_url, "--bootstrap", kafka_bootstrap)
+    report = await cli(*status, "--max-slot-age", "1h")
+    assert report.code != 0 and "is invalidated (wal_status lost)" in report.out + report.err
+    (slot,) = (await cli(*status, "--json")).json()["slots"]["items"]
+    assert slot["wal_status"] == "lost"
+    async with relay_for(pg_url, kafka_bootstrap):
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 120, "the rest sent")
+        await wait_for(lambda: caplog.text, lambda t: "streaming from" in t, 60, "streaming")
+        write_sequence(pg_url, topic, 200, 100, per_tx=10)  # through the new slot
+        await wait_for(lambda: pending_rows(pg_url), lambda n: n == 0, 60, "the new slot used")
+    assert caplog.text.count("was invalidated") == 1
+    assert wal_status(small_slot_wal_keep) != "lost"
+    records = await assert_nothing_lost(pg_url, kafka_bootstrap, topic, set(range(300)))
+    check_order(records, 300, allow_duplicates=True)
