@@ -528,7 +528,14 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
     summary.keys_out_of_order = len(broken)
     if broken:
         summary.problems.append(f"effects out of outbox order for keys {broken[:5]}")
-    records = asyncio.run(read_topic(bootstrap, topic, expected=len(committed_ids), timeout=120))
+    records = asyncio.run(
+        read_topic(
+            bootstrap,
+            topic,
+            expected=len(committed_ids),
+            timeout=scaled(max(120, len(committed_ids) / 2000)),
+        )
+    )
     events = [dict(r.headers) for r in records]
     record_ids = [h["ce_id"].decode() for h in events if POISON_HEADER not in h]
     summary.kafka_records = len(record_ids)
