@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tomllib
 import types
@@ -47,6 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from tests.docs.test_docs import DOCS, ROOT, parse_outboxkit_argv
 from tests.support.ops import cli
+from tests.support.waits import scaled
 
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.M | re.S)
 MARKER = re.compile(r"<!--\s*(illustrative|example):\s*(.*?)\s*-->\s*$")
@@ -411,7 +413,13 @@ context, connection, target_metadata = _Context(), object(), MetaData()
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 
-orders = sa.table("orders", sa.column("id"))
+orders = sa.Table(  # the host's table, as the block's handler writes it
+    "orders",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("sku", sa.String(20)),
+)
+orders.metadata.create_all(_db)
 ticket_refunds = sa.table("ticket_refunds", sa.column("refund_id"))
 api = FastAPI()
 
@@ -443,7 +451,6 @@ app = ConsumerApp(name="security-doc")
 async def placed(event: CloudEvent) -> None: ...
 """,
     "relay.md": "",
-    "testing.md": "",
     "workflows.md": _SQLITE
     + """
 from outboxkit import Outbox
@@ -476,6 +483,7 @@ async def intake_v1(ctx):
 SUBSTITUTIONS: dict[str, dict[str, str]] = {
     "consumers.md": {'"kafka:9092"': "BOOTSTRAP"},
     "workflows.md": {"[orders_v1, orders_v2]": "[orders_v1, orders]"},  # orders: version 2
+    "http-idempotency.md": {"orders.insert().values(...)": "orders.insert().values(sku='A-1')"},
     "relay.md": {'"postgresql+asyncpg://..."': "DB_URL", '"kafka:9092"': "BOOTSTRAP"},
 }
 # What a document's blocks must have done, checked after they ran.
@@ -499,6 +507,22 @@ assert made.id == "re_1" and outcome.executed and len(refunds) == 2, (made, outc
     "deploy.md": """
 assert context.configured["include_object"] is include_object
 assert include_object(None, "outbox_events", "table", False, None) is False
+""",
+    "http-idempotency.md": """
+import httpx
+from outboxkit.outbox.tables import outbox_events
+
+headers = {"Idempotency-Key": "8e03978e-40d5-43e8-bc93-6894a57f9324", "X-Tenant": "acme"}
+async with httpx.AsyncClient(
+    transport=httpx.ASGITransport(app=app), base_url="http://shop"
+) as client:
+    first = await client.post("/orders", headers=headers, json={"sku": "A-1"})
+    again = await client.post("/orders", headers=headers, json={"sku": "A-1"})
+assert first.status_code == again.status_code == 201, (first.text, again.text)
+assert again.content == first.content and again.headers["idempotent-replay"] == "true"
+with _db.connect() as c:  # the order and its event, once
+    assert c.scalar(sa.select(sa.func.count()).select_from(orders)) == 1
+    assert c.scalar(sa.select(sa.func.count()).select_from(outbox_events)) == 1
 """,
     "workflows.md": """
 from outboxkit.workflows.tables import workflow_instances
@@ -563,3 +587,25 @@ async def test_the_python_blocks_of_a_document_run(
             elif isinstance(value, Engine):
                 value.dispose()
         sys.modules.pop(module.__name__, None)
+
+
+def test_the_fixtures_of_testing_md_pass_as_a_pytest_session(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """docs/testing.md's first block (fixtures on the test kit's helpers, and a test using
+    them) as a user's own test file, under pytest-asyncio's default (strict) mode."""
+    (block,) = [
+        b
+        for b in BLOCKS
+        if b.path.name == "testing.md" and b.marker == ("example", "tests/docs/test_code_blocks.py")
+    ]
+    (tmp_path / "test_fixtures_doc.py").write_text(block.body, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr
