@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tomllib
 import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -481,7 +482,8 @@ async def intake_v1(ctx):
 }
 # Placeholders of a block, pointed at what this test has (text replaced before running).
 SUBSTITUTIONS: dict[str, dict[str, str]] = {
-    "consumers.md": {'"kafka:9092"': "BOOTSTRAP"},
+    # the runtime joins the shared test broker: a group and topics of its own
+    "consumers.md": {'"kafka:9092"': "BOOTSTRAP", '"billing"': "UNIQUE", '"orders"': "UNIQUE"},
     "workflows.md": {"[orders_v1, orders_v2]": "[orders_v1, orders]"},  # orders: version 2
     "http-idempotency.md": {"orders.insert().values(...)": "orders.insert().values(sku='A-1')"},
     "relay.md": {'"postgresql+asyncpg://..."': "DB_URL", '"kafka:9092"': "BOOTSTRAP"},
@@ -568,6 +570,7 @@ async def test_the_python_blocks_of_a_document_run(
     namespace["DB_URL"] = f"sqlite:///{db}"
     if document in NEEDS_BROKER:
         namespace["BOOTSTRAP"] = request.getfixturevalue("kafka_bootstrap")
+        namespace["UNIQUE"] = f"docs-{uuid.uuid4().hex[:12]}"
     await _run(PRELUDES[document], namespace, f"<prelude of {document}>")
     try:
         for block in BLOCKS:
