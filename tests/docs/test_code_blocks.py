@@ -535,10 +535,15 @@ with _db.connect() as c:
 NEEDS_BROKER = frozenset({"consumers.md", "relay.md"})
 
 
-def _python_documents() -> list[str]:
-    return sorted(
-        {b.path.name for b in BLOCKS if b.language == "python" and _run_here(b)},
-    )
+def _python_documents() -> list[Any]:
+    """One parameter per document with Python blocks to run; ``integration`` where they
+    start a relay or a consumer (the fixture is taken at run time, so the conftest cannot
+    see it)."""
+    names = sorted({b.path.name for b in BLOCKS if b.language == "python" and _run_here(b)})
+    return [
+        pytest.param(name, marks=[pytest.mark.integration] if name in NEEDS_BROKER else [])
+        for name in names
+    ]
 
 
 @pytest.fixture(scope="module")
