@@ -22,10 +22,9 @@ Exit 1 from the interpreter on an unexpected exception would read as "threshold 
 
 from __future__ import annotations
 
-import ssl
-
 import typer
 from aiokafka.errors import KafkaError
+from outboxkit.outbox.db_failures import tls_failure
 from outboxkit.outbox.errors import OutboxError
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -49,6 +48,8 @@ def error_line(error: BaseException) -> str | None:
         return str(error.format_message())  # click's usage errors, as vendored by typer
     if isinstance(error, OutboxError):
         return str(error)
+    if (tls := tls_failure(error)) is not None:
+        return tls  # one wording whichever driver met it (outbox/db_failures.py)
     if isinstance(error, ArgumentError):
         return f"invalid database URL: {error}"
     if isinstance(error, DBAPIError):
@@ -58,12 +59,6 @@ def error_line(error: BaseException) -> str | None:
         return f"kafka: {error}"
     if isinstance(error, TimeoutError):
         return f"timed out: {error}" if str(error) else "timed out waiting for a database or broker"
-    if isinstance(error, ssl.SSLError):
-        # raised by asyncpg as it is: name the cause (e.g. the server's certificate is not
-        # signed by the CA in sslrootcert) rather than OpenSSL's source location
-        verify = getattr(error, "verify_message", None)
-        reason = f"certificate verify failed: {verify}" if verify else str(error)
-        return f"TLS to the server failed: {reason}"
     if isinstance(error, OSError):
         return str(error)
     return None

@@ -176,7 +176,8 @@ class ConsumerRuntime:
             producer_options=self._producer_options,
         )
         self._dlq = DeadLetterDelivery(publisher, self.app.dlq_retry, self.stats)
-        await self._check_database(engine)
+        with self.readiness.checking("database"):
+            await self._check_database(engine)
         self._applier = Applier(
             self.app,
             async_sessionmaker(engine, expire_on_commit=False),
@@ -188,18 +189,19 @@ class ConsumerRuntime:
             self._sequences = SequenceKeeper(
                 self._applier, async_sessionmaker(engine, expire_on_commit=False), self._dlq
             )
-        await publisher.start()
-        consumer = self._consumer = self._new_consumer()
-        self._offsets = OffsetCommitter(consumer, self.stats)
-        self.positions.consumer = consumer
-        consumer.subscribe(self.app.topics, listener=_Listener(self))
-        log.info(
-            "starting: consumer=%s group=%s topics=%s",
-            self.app.name,
-            self.group,
-            ",".join(self.app.topics),
-        )
-        await consumer.start()
+        with self.readiness.checking("broker"):
+            await publisher.start()
+            consumer = self._consumer = self._new_consumer()
+            self._offsets = OffsetCommitter(consumer, self.stats)
+            self.positions.consumer = consumer
+            consumer.subscribe(self.app.topics, listener=_Listener(self))
+            log.info(
+                "starting: consumer=%s group=%s topics=%s",
+                self.app.name,
+                self.group,
+                ",".join(self.app.topics),
+            )
+            await consumer.start()
         self._started = True
         self.readiness.start({"database": lambda: _ping(engine), "broker": consumer.topics})
         if self.app.retention_interval_s is not None:

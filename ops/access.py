@@ -15,6 +15,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from outboxkit.outbox.db import make_async_engine, parse_url
+from outboxkit.outbox.db_failures import tls_failure
 from outboxkit.outbox.errors import OutboxError
 from outboxkit.outbox.kafka_failures import explain, mask
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -95,14 +96,16 @@ async def database_bounded(engine: AsyncEngine, timeout: float) -> AsyncIterator
         raise DatabaseUnreachableError(
             f"database {where} did not answer within {timeout:g} s"
         ) from None
-    except DBAPIError as error:
+    except (DBAPIError, OSError) as error:
+        if (tls := tls_failure(error)) is not None:
+            raise DatabaseUnreachableError(tls) from None
+        if isinstance(error, OSError):
+            raise DatabaseUnreachableError(f"database {where} unreachable: {error}") from None
         reason = str(error.orig or error).strip().splitlines()
         raise DatabaseUnreachableError(
             f"database {where} unreachable or refused the request: "
             f"{reason[0] if reason else type(error).__name__}"
         ) from None
-    except OSError as error:
-        raise DatabaseUnreachableError(f"database {where} unreachable: {error}") from None
 
 
 async def require_tables(engine: AsyncEngine, names: Iterable[str]) -> None:

@@ -9,9 +9,10 @@ reading thread needs no lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 BEAT_INTERVAL_S = 1.0
@@ -53,6 +54,20 @@ class Readiness:
     def mark_broker(self, ok: bool, reason: str = "unreachable") -> None:
         """Record the outcome of the last broker round trip."""
         self.broker = None if ok else reason
+
+    @contextlib.contextmanager
+    def checking(self, name: str) -> Iterator[None]:
+        """Mark ``name`` (``"database"`` or ``"broker"``) by how the block ends: ok, or
+        ``unreachable (<error class>)``, the class its log line names (a consumer still
+        starting, so ``/readyz`` says why rather than "not checked yet"; no message, which
+        may name a host or a user)."""
+        mark = self.mark_database if name == "database" else self.mark_broker
+        try:
+            yield
+        except Exception as error:
+            mark(False, f"unreachable ({describe_failure(error)})")
+            raise
+        mark(True)
 
     def mark_stage(self, stage: str | None) -> None:
         """Record what the work is doing now (``None``: its usual work); shown by ``/readyz``."""

@@ -85,6 +85,11 @@ def _outboxkit_lines() -> list[tuple[str, list[str]]]:
 def test_every_outboxkit_line_in_the_docs_parses(where: str, argv: list[str]) -> None:
     """The real parser: an option the command does not take, a bad duration or a missing
     argument fails here (``--help``-level checking; nothing runs)."""
+    parse_outboxkit_argv(where, argv)
+
+
+def parse_outboxkit_argv(where: str, argv: list[str]) -> None:
+    """Parse ``outboxkit ARGV`` down to its last subcommand with the real command line."""
     root = typer.main.get_command(build_app())
     ctx = root.make_context("outboxkit", list(argv))
     command, rest = root, list(argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from outboxkit.consumers import ConsumerRuntime
+from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.metrics_server import serve_metrics
 from outboxkit.outbox.readiness import Readiness
@@ -204,3 +206,60 @@ async def test_readyz_says_not_ready_through_outages_and_logs_once_per_failure(
     # one line per dependency, per process, per outage: not one per attempt
     assert sum("database" in line for line in down) == 2, down
     assert sum(("kafka" in line or "broker" in line) for line in down) == 2, down
+
+
+@pytest.mark.parametrize("waiting_for", ["broker", "database"])
+async def test_a_waiting_consumer_names_the_cause_in_readyz(
+    waiting_for: str, tmp_path: Path
+) -> None:
+    """``consume`` started while its broker (or database) is down waits, and its ``/readyz``
+    says why, as its log line does, not "not checked yet"."""
+    closed = free_port()  # nothing listens there
+    db_url = f"sqlite:///{tmp_path / 'consumer.db'}"
+    bootstrap = f"127.0.0.1:{closed}"
+    if waiting_for == "database":
+        db_url = f"postgresql://postgres:postgres@127.0.0.1:{closed}/postgres"
+        bootstrap = "127.0.0.1:9092"  # never reached: the database is checked first
+    else:
+        upgrade(db_url)
+        create_effects_table(db_url)
+    port = free_port()
+    consumer = start_cli(
+        [
+            "consume",
+            "tests.support.consumer_apps:effects_app",
+            *("--db-url", db_url, "--bootstrap", bootstrap, "--metrics-port", str(port)),
+        ],
+        tmp_path / "consumer.log",
+    )
+    log_path = tmp_path / "consumer.log"
+
+    def logged() -> list[str]:
+        return [line for line in log_path.read_text().splitlines() if "unavailable:" in line]
+
+    try:
+        # /readyz is read once the log has named the cause: they must say the same
+        await wait_for(
+            lambda: asyncio.to_thread(logged),
+            lambda lines: bool(lines) or consumer.poll() is not None,
+            60,
+            f"the log line naming the {waiting_for}",
+        )
+        assert consumer.poll() is None, log_path.read_text()[-2000:]
+        status, body = await asyncio.to_thread(get, port, "/readyz")
+        assert status == 503, body
+        not_ready = json.loads(body)["not_ready"]
+        cause = not_ready[waiting_for]
+        assert re.fullmatch(r"unreachable \((\w+)\)", cause), not_ready
+        if waiting_for == "broker":
+            assert cause == "unreachable (KafkaConnectionError)", not_ready
+            assert "database" not in not_ready, not_ready  # checked and fine
+        else:
+            assert "broker" in not_ready, not_ready  # not checked yet: the database comes first
+    finally:
+        code = terminate(consumer)
+    log = log_path.read_text()
+    assert len(logged()) == 1, log[-2000:]  # one line per cause, not one per attempt
+    # the class /readyz names is the one the log line names
+    assert f"unavailable: {cause.removeprefix('unreachable (')[:-1]} " in logged()[0], (cause, log)
+    assert code == 0, log[-2000:]
