@@ -205,6 +205,11 @@ class Applier:
         # Set by the runtime when the app has handlers with on_dead_letter="sequence".
         self.hold_writer: HoldWriter | None = None
 
+    @property
+    def stats(self) -> ConsumerStats:
+        """The counters this applier adds to (shared with its runtime)."""
+        return self._stats
+
     def steps(self, records: Sequence[ConsumerRecord]) -> list[_Step]:
         """Decode ``records`` and bind their handlers' arguments, before any database work."""
         return [self._step(record) for record in records]

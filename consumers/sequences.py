@@ -108,7 +108,7 @@ class SequenceKeeper:
         sessions: async_sessionmaker[AsyncSession],
         dlq: DeadLetterDelivery,
     ) -> None:
-        self._applier = applier
+        self.applier = applier
         self._app = applier.app
         self._sessions = sessions
         self._dlq = dlq
@@ -351,7 +351,7 @@ class SequenceKeeper:
                     return True
                 continue
             record = _record_of(row)
-            letters = await self._applier.apply_alone(
+            letters = await self.applier.apply_alone(
                 record, pause, also=self._forget_held(topic, hashed, record.offset)
             )
             if letters is None:
@@ -362,7 +362,7 @@ class SequenceKeeper:
                     return None
                 await self._rehead(topic, hashed, row, letters[0].error_class)
                 return False
-            self._applier._stats.released += 1
+            self.applier.stats.released += 1
 
     async def _lease(self, topic: str, hashed: str) -> bool:
         table = consumer_sequences.c
@@ -599,7 +599,7 @@ class BatchView:
                 continue  # a head failing again, or a full hold dead-lettered
             step = self.steps[index]
             if not isinstance(step, _Run):  # the failed run was replaced by its failure
-                step = self.keeper._applier.steps([record])[0]
+                step = self.keeper.applier.steps([record])[0]
             new.append((record, step, letter.error_class))
             source, event_id, _ = _identity(step)
             self.blocks[ref] = _Block("blocked", source, event_id, record.offset, 0)
@@ -617,7 +617,7 @@ class BatchView:
         this batch (from ``after`` on) are applied after all."""
         ref = (topic, hashed)
         self.blocks.pop(ref, None)
-        applier = self.keeper._applier
+        applier = self.keeper.applier
         for index in range(after, len(self.records)):
             step = self.steps[index]
             if isinstance(step, _Hold | _Full) and (step.record.topic, step.key_hash) == ref:

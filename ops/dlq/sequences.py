@@ -10,12 +10,12 @@ The CLI (``outboxkit dlq sequences``) and the console call these functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from outboxkit.consumers.sequences import key_hash
 from outboxkit.consumers.tables import consumer_held_events, consumer_sequences
 from outboxkit.ops.access import OpsError
-from sqlalchemy import func, select, update
+from sqlalchemy import Row, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 Resolution = Literal["skipped", "released"]
@@ -63,22 +63,22 @@ class SequenceSummary:
     oldest_blocked_ms: int | None
 
 
-def _key_of(row: object) -> BlockedKey:
+def _key_of(row: Row[Any]) -> BlockedKey:
     return BlockedKey(
-        consumer=row.consumer,  # type: ignore[attr-defined]
-        topic=row.topic,  # type: ignore[attr-defined]
-        key=row.key_shown,  # type: ignore[attr-defined]
-        partition=row.kafka_partition,  # type: ignore[attr-defined]
-        state=row.state,  # type: ignore[attr-defined]
-        held=row.held,  # type: ignore[attr-defined]
-        head_source=row.head_source,  # type: ignore[attr-defined]
-        head_event_id=row.head_event_id,  # type: ignore[attr-defined]
-        head_offset=row.head_offset,  # type: ignore[attr-defined]
-        head_error=row.head_error,  # type: ignore[attr-defined]
-        blocked_ms=row.blocked_ms,  # type: ignore[attr-defined]
-        resolution=row.resolution,  # type: ignore[attr-defined]
-        resolved_by=row.resolved_by,  # type: ignore[attr-defined]
-        reason=row.reason,  # type: ignore[attr-defined]
+        consumer=row.consumer,
+        topic=row.topic,
+        key=row.key_shown,
+        partition=row.kafka_partition,
+        state=row.state,
+        held=row.held,
+        head_source=row.head_source,
+        head_event_id=row.head_event_id,
+        head_offset=row.head_offset,
+        head_error=row.head_error,
+        blocked_ms=row.blocked_ms,
+        resolution=row.resolution,
+        resolved_by=row.resolved_by,
+        reason=row.reason,
     )
 
 

@@ -6,6 +6,12 @@ constraint, an event applied twice would show as two rows: the inbox is what pre
 One handler call in the whole run hangs (never returns): the first to create the file named by
 ``OUTBOXKIT_CHAOS_HANG_FILE``, at step :data:`HANG_AT_SEQ` of a key. The handler timeout
 (``HANDLER_TIMEOUT_S``) must free its partition; the event is then retried and applied.
+
+The sequence variant (``OUTBOXKIT_CHAOS_ON_DEAD_LETTER=sequence``): the app keeps each key's
+order behind a dead letter, and the producers mark a few steps ``bad`` (with the time they
+wrote them). A bad step fails permanently (is dead-lettered, blocking its key) until the run's
+operator "fixes" it: writes a time later than the step's into the file named by
+``OUTBOXKIT_CHAOS_FIXED_FILE``, then replays the letters.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import os
 
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.consumers import ConsumerApp
-from outboxkit.outbox import RetryPolicy
+from outboxkit.outbox import PermanentError, RetryPolicy
 from outboxkit.outbox.backoff import Backoff
 from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert
@@ -42,6 +48,12 @@ class Step(BaseModel):
 
     key: str
     seq: int
+    bad: bool = False
+    at: float = 0.0  # when a bad step was written (time.time())
+
+
+class BadStepError(PermanentError):
+    """A step marked bad that the operator has not fixed yet (the sequence variant)."""
 
 
 app = ConsumerApp(
@@ -51,7 +63,18 @@ app = ConsumerApp(
     consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
     retention_interval_s=None,
     handler_timeout_s=HANDLER_TIMEOUT_S,
+    on_dead_letter=os.environ.get("OUTBOXKIT_CHAOS_ON_DEAD_LETTER", "continue"),
 )
+
+
+def _fixed(step: Step) -> bool:
+    """Whether the operator fixed the bad ``step`` (fixed the steps written before a time)."""
+    path = os.environ.get("OUTBOXKIT_CHAOS_FIXED_FILE")
+    try:
+        with open(path or "") as fixed:
+            return step.at < float(fixed.read() or 0)
+    except FileNotFoundError:
+        return False
 
 
 def _first_to_hang() -> bool:
@@ -71,6 +94,8 @@ async def apply_step(step: Step, event: CloudEvent, session: AsyncSession) -> No
     """Record that this step was applied (hanging once in the run, see the module's notes)."""
     if step.seq == HANG_AT_SEQ and _first_to_hang():
         await asyncio.Event().wait()  # never returns: the handler timeout cancels it
+    if step.bad and not _fixed(step):
+        raise BadStepError(f"step {step.seq} of {step.key} is marked bad and not fixed yet")
     await session.execute(
         insert(chaos_effects).values(
             event_id=event.get_id(), key=step.key, seq=step.seq, pid=os.getpid()

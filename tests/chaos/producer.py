@@ -13,6 +13,9 @@ producer writes each event's ledger row (``chaos_ledger``) itself, in the same t
 savepoint as the event: the ledger holds exactly the committed events. Without it the events
 are rows (a trigger fills the ledger in logical mode; in poll mode the table is the ledger).
 
+``--bad-every N`` (the sequence variant): about one step in N is marked ``bad`` (its handler
+fails until the run's operator fixes it, see :mod:`tests.chaos.app`).
+
 The run pauses the producers (``--pause-file``): while that file exists a producer starts no
 transaction, and says so by creating ``<pause-file>.<first key>``.
 
@@ -26,6 +29,7 @@ import gc
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cloudevents.core.v1.event import CloudEvent
@@ -47,9 +51,14 @@ class Transaction:
     """One transaction's steps: the events it adds, and which of them must never appear."""
 
     def __init__(
-        self, session: Session, outbox: Outbox, ledger: bool, next_seq: dict[int, int]
+        self,
+        session: Session,
+        outbox: Outbox,
+        ledger: bool,
+        next_seq: dict[int, int],
+        bad: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.session, self.outbox, self.ledger = session, outbox, ledger
+        self.session, self.outbox, self.ledger, self.bad = session, outbox, ledger, bad
         self.seqs = dict(next_seq)
         self.added: list[str] = []
         self.doomed: list[str] = []
@@ -58,9 +67,10 @@ class Transaction:
     def add(self, key_number: int) -> None:
         """Add the next step of ``key_number``."""
         key = f"key-{key_number}"
-        event: CloudEvent = new_event(
-            EVENT_TYPE, "/chaos", {"key": key, "seq": self.seqs[key_number]}, partitionkey=key
-        )
+        data: dict[str, object] = {"key": key, "seq": self.seqs[key_number]}
+        if self.bad():
+            data.update(bad=True, at=time.time())
+        event: CloudEvent = new_event(EVENT_TYPE, "/chaos", data, partitionkey=key)
         self.seqs[key_number] += 1
         self.added.append(event.get_id())
         self.outbox.add(self.session, event)
@@ -97,6 +107,7 @@ def main() -> None:
     parser.add_argument("--rolled-back-file", required=True)
     parser.add_argument("--wal-messages", action="store_true")
     parser.add_argument("--pause-file")
+    parser.add_argument("--bad-every", type=int, default=0, help="mark ~1 step in N bad")
     args = parser.parse_args()
     first, last = (int(part) for part in args.keys.split(":"))
     rng = random.Random(args.seed)
@@ -108,6 +119,11 @@ def main() -> None:
     keys = list(range(first, last))
     next_seq = {n: 0 for n in keys}
     committed = 0
+    bad_rng = random.Random(args.seed + 1)  # its own stream: the schedule stays the same
+
+    def bad() -> bool:
+        return args.bad_every > 0 and bad_rng.randrange(args.bad_every) == 0
+
     with open(args.rolled_back_file, "a") as rolled_back:
 
         def never(ids: list[str]) -> None:
@@ -126,7 +142,7 @@ def main() -> None:
             try:
                 if abandoned:
                     session = Session(engine)
-                    tx = Transaction(session, outbox, args.wal_messages, next_seq)
+                    tx = Transaction(session, outbox, args.wal_messages, next_seq, bad)
                     session.begin()
                     for key_number in steps:
                         tx.add(key_number)
@@ -138,7 +154,7 @@ def main() -> None:
                     gc.collect()
                     continue
                 with Session(engine) as session, session.begin():
-                    tx = Transaction(session, outbox, args.wal_messages, next_seq)
+                    tx = Transaction(session, outbox, args.wal_messages, next_seq, bad)
                     for index, key_number in enumerate(steps):
                         if with_savepoint and index == at:
                             tx.savepoint(rng, keys)

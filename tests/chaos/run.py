@@ -10,7 +10,12 @@ must hold no unpublished row. A seed makes the schedule repeatable.
 
 Three variants: ``--mode poll``; ``--mode logical`` (two relays on one slot, one a standby)
 with the events as rows; ``--mode logical --wal-messages`` with the events as WAL messages sent
-with the COMMIT (``Outbox(wal_messages=True, emit_at_commit=True)``).
+with the COMMIT (``Outbox(wal_messages=True, emit_at_commit=True)``). ``--sequence`` runs any
+of them with the consumers keeping each key's order behind a dead letter
+(``on_dead_letter="sequence"``): about one step in :data:`BAD_EVERY` is marked bad and fails
+until the run's operator fixes it and replays its letter (``outboxkit dlq replay``, every
+:data:`REPLAY_EVERY_S` seconds and at the end), so keys are blocked, their later steps held and
+released again all through the faults, and every key's effects must still be in outbox order.
 
 Poison records (:mod:`tests.chaos.poison`) go in after every 1,000 committed events and must all
 be dead-lettered, and one handler call hangs once (:mod:`tests.chaos.app`) until the handler
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import subprocess
@@ -35,6 +41,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from outboxkit.consumers.sequences import key_hash
+from outboxkit.consumers.tables import consumer_held_events, consumer_sequences
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import KafkaBroker, create_topic
@@ -46,7 +54,7 @@ from sqlalchemy.exc import DBAPIError
 
 from tests.chaos.app import chaos_effects, chaos_metadata
 from tests.chaos.ledger import LEDGER_TRIGGER, chaos_ledger
-from tests.chaos.poison import EVERY, POISON_HEADER, send_poison
+from tests.chaos.poison import EVERY, POISON_HEADER, poison_record, send_poison
 from tests.support.kafka import read_topic
 from tests.support.waits import scaled
 
@@ -55,6 +63,8 @@ STARTED = re.compile(r"\b(relay|consumer) \S+ started\b")
 PRODUCERS = 3
 FLEET = ("relay-1", "relay-2", "consumer-1", "consumer-2", "consumer-3")
 KEYS_PER_PRODUCER = 40
+BAD_EVERY = 500
+REPLAY_EVERY_S = 15.0
 
 
 @dataclass
@@ -78,6 +88,12 @@ class Summary:
     kafka_duplicates: int = 0
     duplicates_skipped_by_stopping_consumers: int = 0
     effect_rows: int = 0
+    replay_rounds: int = 0
+    letters_replayed: int = 0
+    keys_blocked_at_end: int = 0
+    held_by_stopping_consumers: int = 0  # records held behind a blocked key (SIGTERMed ones)
+    released_by_stopping_consumers: int = 0
+    records_held_at_end: int = 0
     poison_records: int = 0
     poison_dead_lettered: int = 0
     handler_hangs: int = 0
@@ -102,10 +118,16 @@ class Fleet:
     """The relay and consumer processes, each restartable under the same slot name."""
 
     def __init__(
-        self, db_url: str, bootstrap: str, topic: str, logs: Path, mode: str = "poll"
+        self,
+        db_url: str,
+        bootstrap: str,
+        topic: str,
+        logs: Path,
+        mode: str = "poll",
+        on_dead_letter: str = "continue",
     ) -> None:
         self.db_url, self.bootstrap, self.topic, self.logs = db_url, bootstrap, topic, logs
-        self.mode = mode
+        self.mode, self.on_dead_letter = mode, on_dead_letter
         self.processes: dict[str, subprocess.Popen] = {}
         self.starts: defaultdict[str, int] = defaultdict(int)
 
@@ -124,6 +146,8 @@ class Fleet:
             env = {
                 "OUTBOXKIT_CHAOS_TOPIC": self.topic,
                 "OUTBOXKIT_CHAOS_HANG_FILE": str(self.logs / "hang"),
+                "OUTBOXKIT_CHAOS_ON_DEAD_LETTER": self.on_dead_letter,
+                "OUTBOXKIT_CHAOS_FIXED_FILE": str(self.logs / "fixed"),
             }
             self.processes[slot] = start_cli(args, log, env=env)
 
@@ -193,7 +217,13 @@ def cut_database_connections(db_url: str) -> int:
 
 
 def start_producers(
-    db_url: str, topic: str, events: int, seed: int, workdir: Path, wal_messages: bool = False
+    db_url: str,
+    topic: str,
+    events: int,
+    seed: int,
+    workdir: Path,
+    wal_messages: bool = False,
+    bad_every: int = 0,
 ) -> list:
     """Start the producer processes, each with its own keys; return them."""
     producers = []
@@ -208,6 +238,8 @@ def start_producers(
         command += ["--pause-file", str(workdir / "pause")]
         if wal_messages:
             command.append("--wal-messages")
+        if bad_every:
+            command += ["--bad-every", str(bad_every)]
         log = open(workdir / f"producer-{index}.log", "ab")  # noqa: SIM115 - child writes it
         producers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
         log.close()
@@ -222,11 +254,14 @@ def run_chaos(
     drain_timeout: float = 600.0,
     mode: str = "poll",
     wal_messages: bool = False,
+    sequence: bool = False,
 ) -> Summary:
     """Run the whole scenario and return its summary (``problems`` empty when all held).
 
     ``mode``: the relays' ``--mode`` (``logical``: two relays on one slot, one a standby);
     ``wal_messages`` (logical mode): the producers write WAL messages sent with the COMMIT.
+    ``sequence``: the consumers keep each key's order behind a dead letter, bad steps are
+    fixed and replayed by the run's operator (see the module's notes).
     ``drain_timeout`` is a quiet machine's figure (:func:`~tests.support.waits.scaled`).
     """
     global committed_rows
@@ -236,7 +271,10 @@ def run_chaos(
         raise ValueError("slot drops need the logical mode")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="outboxkit-chaos-"))
     rng = random.Random(seed)
-    summary = Summary(seed=seed, variant=mode + (" + WAL messages" if wal_messages else ""))
+    variant = (
+        mode + (" + WAL messages" if wal_messages else "") + (" + sequence" if sequence else "")
+    )
+    summary = Summary(seed=seed, variant=variant)
     started = time.monotonic()
     topic = f"chaos-{seed}-{rng.randrange(16**6):06x}"
     broker = KafkaBroker()
@@ -254,7 +292,9 @@ def run_chaos(
                 committed_rows = chaos_ledger
             engine.dispose()
             asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
-            fleet = Fleet(db_url, broker.bootstrap, topic, workdir, mode)
+            policy = "sequence" if sequence else "continue"
+            fleet = Fleet(db_url, broker.bootstrap, topic, workdir, mode, policy)
+            operator = Operator(fleet, workdir, summary) if sequence else None
             producers: list[subprocess.Popen] = []
             try:
                 for slot in FLEET:
@@ -265,10 +305,14 @@ def run_chaos(
                     # A WAL message committed before the slot exists is in no slot: none is
                     # lost only if the producers start once it exists.
                     summary.problems.append("the relays created no replication slot")
-                producers = start_producers(db_url, topic, events, seed, workdir, wal_messages)
+                bad_every = BAD_EVERY if sequence else 0
+                producers = start_producers(
+                    db_url, topic, events, seed, workdir, wal_messages, bad_every
+                )
                 run = _Run(fleet, broker, producers, db_url, rng, summary, workdir, wal_messages)
+                run.operator = operator
                 last_fault = run.inject(faults)
-                _wait_for_effects(db_url, scaled(drain_timeout), summary)
+                _wait_for_effects(db_url, scaled(drain_timeout), summary, operator)
                 _wait_for_poison(broker.bootstrap, topic, scaled(drain_timeout), summary)
                 _wait_for_empty_outbox(db_url, mode, scaled(60), summary)
                 summary.seconds_to_drain_after_last_fault = time.monotonic() - last_fault
@@ -284,6 +328,8 @@ def run_chaos(
                     if producer.poll() is None:
                         kill(producer)
             _check(db_url, broker.bootstrap, topic, workdir, summary)
+            if sequence:
+                _check_sequences(db_url, summary)
     finally:
         broker.close()
     summary.seconds_total = time.monotonic() - started
@@ -298,6 +344,7 @@ class _Run:
         self.db_url, self.rng, self.summary = db_url, rng, summary
         self.pause = workdir / "pause"
         self.wal_messages = wal_messages
+        self.operator: Operator | None = None
 
     def inject(self, faults: Faults) -> float:
         """Inject faults at random moments until every quota is met and the producers are
@@ -319,6 +366,8 @@ class _Run:
                 _add_poison(self.fleet, committed_count(self.db_url), summary)
                 return last_fault
             time.sleep(rng.uniform(0.5, 2.0))
+            if self.operator is not None:
+                self.operator.maybe_replay()
             progress = committed_count(self.db_url)
             _add_poison(self.fleet, progress, summary)
             kills_done = (done["relay"] + done["consumer"]) / kill_quota if kill_quota else 1.0
@@ -467,12 +516,53 @@ def _add_poison(fleet: Fleet, committed: int, summary: Summary) -> None:
         summary.poison_records += len(due)
 
 
-def _wait_for_effects(db_url: str, timeout: float, summary: Summary) -> None:
+class Operator:
+    """The sequence variant's operator: fixes the bad steps written so far, then replays the
+    dead letters of the run's events (``outboxkit dlq replay``, as a person would)."""
+
+    def __init__(self, fleet: Fleet, workdir: Path, summary: Summary) -> None:
+        self.fleet, self.summary = fleet, summary
+        self.fixed = workdir / "fixed"
+        self.log = workdir / "operator.log"
+        self.last = time.monotonic()
+
+    def maybe_replay(self, every: float = REPLAY_EVERY_S) -> None:
+        """Replay if the last round is ``every`` seconds old."""
+        if time.monotonic() - self.last >= every:
+            self.replay()
+
+    def replay(self) -> None:
+        """Fix the bad steps written until now, then replay every letter not replayed yet
+        (the letters of a step dead-lettered again before its fix are new letters: replayed
+        next round). A round that fails (a broker restart) is tried again next time."""
+        self.last = time.monotonic()
+        staged = self.fixed.with_suffix(".new")
+        staged.write_text(repr(time.time()))
+        staged.replace(self.fixed)  # the handlers never read half a file
+        args = ["dlq", "replay", f"{self.fleet.topic}.dlq", "--source", "/chaos", "--json"]
+        args += ["--db-url", self.fleet.db_url, "--bootstrap", self.fleet.bootstrap]
+        with open(self.log, "ab") as log:
+            done = subprocess.run(
+                [sys.executable, "-c", "from outboxkit.cli.main import main; main()", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                timeout=scaled(120),
+            )
+        self.summary.replay_rounds += 1
+        if done.returncode == 0:
+            self.summary.letters_replayed += int(json.loads(done.stdout)["replayed"])
+
+
+def _wait_for_effects(
+    db_url: str, timeout: float, summary: Summary, operator: Operator | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         committed, applied = committed_count(db_url), effect_count(db_url)
         if committed and applied >= committed:
             return
+        if operator is not None:
+            operator.maybe_replay(every=5.0)
         time.sleep(0.5)
     summary.problems.append(
         f"not drained after {timeout:.0f}s: {effect_count(db_url)} effects "
@@ -546,10 +636,35 @@ def _check(db_url: str, bootstrap: str, topic: str, workdir: Path, summary: Summ
         text = log.read_text(errors="replace")
         for match in re.finditer(r"stopped: .*?duplicates=(\d+)", text):
             summary.duplicates_skipped_by_stopping_consumers += int(match.group(1))
+        for match in re.finditer(r"stopped: .*?held=(\d+) released=(\d+)", text):
+            summary.held_by_stopping_consumers += int(match.group(1))
+            summary.released_by_stopping_consumers += int(match.group(2))
         summary.handler_timeouts += len(re.findall(r"handler \S+ timed out after", text))
     summary.handler_hangs = int((workdir / "hang").exists())
     if not summary.handler_hangs:
         summary.problems.append("the handler meant to hang once never did")
+
+
+def _check_sequences(db_url: str, summary: Summary) -> None:
+    """Once everything committed is applied, no key of the run's events is blocked and no
+    record is held (the poison records' own keys stay blocked: nothing can apply them)."""
+    poison_keys = {key_hash(poison_record(n)[0]) for n in range(summary.poison_records)}
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        blocked = conn.scalars(
+            select(consumer_sequences.c.key_hash).where(consumer_sequences.c.state == "blocked")
+        ).all()
+        summary.records_held_at_end = conn.scalar(
+            select(func.count()).select_from(consumer_held_events)
+        )
+    engine.dispose()
+    summary.keys_blocked_at_end = len(blocked)
+    if set(blocked) - poison_keys:
+        summary.problems.append(f"{len(set(blocked) - poison_keys)} event keys still blocked")
+    if summary.records_held_at_end:
+        summary.problems.append(f"{summary.records_held_at_end} records still held")
+    if not summary.letters_replayed:
+        summary.problems.append("no bad step was dead-lettered and replayed")
 
 
 def _poison_dead_lettered(bootstrap: str, topic: str, written: int) -> int:
@@ -588,6 +703,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--mode", choices=["poll", "logical"], default="poll")
     parser.add_argument("--wal-messages", action="store_true", help="logical mode only")
+    parser.add_argument("--sequence", action="store_true", help='on_dead_letter="sequence"')
     parser.add_argument("--relay-kills", type=int, default=10, help="at least")
     parser.add_argument("--consumer-kills", type=int, default=10, help="at least")
     parser.add_argument("--broker-restarts", type=int, default=1)
@@ -619,6 +735,7 @@ def main() -> None:
         args.drain_timeout,
         args.mode,
         args.wal_messages,
+        args.sequence,
     )
     for name, value in asdict(summary).items():
         print(f"{name:45} {value}")

@@ -1,6 +1,7 @@
 """The fault-injection run at CI size (``OUTBOXKIT_CHAOS_EVENTS``, default 20,000), in its three
 variants; the logical ones with a CPU burner taking one core beside them, as on a busy machine,
-and one replication slot drop (``OUTBOXKIT_CHAOS_SLOT_DROPS``, default 1).
+and one replication slot drop (``OUTBOXKIT_CHAOS_SLOT_DROPS``, default 1). The sequence variant
+(poll mode, half the events) keeps each key's order behind dead letters fixed and replayed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.run import Faults, run_chaos
+from tests.chaos.run import Faults, Summary, run_chaos
 from tests.support.waits import scaled
 
 RUN_S = 1200
@@ -49,6 +50,18 @@ def test_every_committed_event_applied_exactly_once_under_faults_in_logical_mode
         check_chaos(tmp_path, "logical", wal_messages=True)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(scaled(RUN_S))
+def test_every_key_keeps_its_order_behind_dead_letters_replayed_under_faults(
+    tmp_path: Path,
+) -> None:
+    summary = check_chaos(tmp_path, "poll", sequence=True, share=0.5)
+    # Bad steps were dead-lettered, their keys blocked and released again by the replays.
+    assert summary.letters_replayed >= 1 and summary.records_held_at_end == 0
+    assert summary.held_by_stopping_consumers > 0, "no step was ever held behind a bad one"
+
+
 @contextmanager
 def cpu_burner(bound_s: float) -> Iterator[None]:
     """A process spinning on one core while the block runs (it ends by itself after
@@ -62,13 +75,23 @@ def cpu_burner(bound_s: float) -> Iterator[None]:
         burner.wait()
 
 
-def check_chaos(tmp_path: Path, mode: str, wal_messages: bool = False) -> None:
-    events = int(os.environ.get("OUTBOXKIT_CHAOS_EVENTS", "20000"))
+def check_chaos(
+    tmp_path: Path, mode: str, wal_messages: bool = False, sequence: bool = False, share: float = 1
+) -> Summary:
+    """Run the chaos run with ``share`` of the CI size and check every promise it makes."""
+    events = int(int(os.environ.get("OUTBOXKIT_CHAOS_EVENTS", "20000")) * share)
     seed = int(os.environ.get("OUTBOXKIT_CHAOS_SEED", "20261130"))
     slot_drops = int(os.environ.get("OUTBOXKIT_CHAOS_SLOT_DROPS", "1")) if mode == "logical" else 0
     faults = Faults(relay_kills=10, consumer_kills=10, slot_drops=slot_drops)
     summary = run_chaos(
-        events, seed, faults, tmp_path, drain_timeout=600, mode=mode, wal_messages=wal_messages
+        events,
+        seed,
+        faults,
+        tmp_path,
+        drain_timeout=600,
+        mode=mode,
+        wal_messages=wal_messages,
+        sequence=sequence,
     )
     print(f"\nchaos summary ({summary.variant}):", asdict(summary))
     assert summary.problems == []
@@ -83,3 +106,4 @@ def check_chaos(tmp_path: Path, mode: str, wal_messages: bool = False) -> None:
     assert summary.poison_records >= events // 1000
     assert summary.poison_dead_lettered == summary.poison_records
     assert summary.handler_hangs == 1
+    return summary

@@ -203,9 +203,13 @@ async def test_readyz_says_not_ready_through_outages_and_logs_once_per_failure(
             server.close()
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("outboxkit")]
     down = [line for line in lines if "unavailable" in line]
-    # one line per dependency, per process, per outage: not one per attempt
-    assert sum("database" in line for line in down) == 2, down
-    assert sum(("kafka" in line or "broker" in line) for line in down) == 2, down
+    # One line per dependency, per process, per outage, not one per attempt (3 s of attempts
+    # every 0.2-1 s); a second one when the cause changes within the outage (the connection
+    # refused, then the server starting up: another error class).
+    database_lines = sum("database" in line for line in down)
+    broker_lines = sum(("kafka" in line or "broker" in line) for line in down)
+    assert 2 <= database_lines <= 4, down
+    assert 2 <= broker_lines <= 4, down
 
 
 @pytest.mark.parametrize("waiting_for", ["broker", "database"])
