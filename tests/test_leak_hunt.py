@@ -34,10 +34,10 @@ import httpx
 import pytest
 from outboxkit.actions import ActionOutcomeUnknownError, Actions, ActionStore, operation_key
 from outboxkit.outbox import Outbox, new_event
-from outboxkit.outbox.tables import metadata, outbox_events
+from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import free_port
 from outboxkit.workflows import WorkflowEngine, sign
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import MetaData, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from tests.support import leak_app, leak_sabotage
@@ -56,6 +56,7 @@ CLI = ("-m", "tests.support.traced_cli")
 EVENT_DATA = frozenset({"table outbox_events", "topic events", "topic dead letters"})
 ALLOWED: dict[str, frozenset[str]] = {
     "event_secret": EVENT_DATA,
+    "event_token": EVENT_DATA,
     "event_field": EVENT_DATA | {"output dlq show", "output dlq show --json"},
     "api_key": frozenset({"table workflow_instances"}),
     "private_key": frozenset({"table workflow_instances"}),
@@ -116,12 +117,15 @@ def leaks(
 
 
 def _tables(url: str) -> dict[str, str]:
+    """Every table of the database (reflected: the migrations' and any other), its rows."""
     engine = create_engine(url)
     try:
+        found = MetaData()
+        found.reflect(engine)
         with engine.connect() as connection:
             return {
                 table.name: repr(connection.execute(select(table)).all())
-                for table in metadata.sorted_tables
+                for table in found.sorted_tables
             }
     finally:
         engine.dispose()
@@ -242,12 +246,13 @@ WITNESSES: dict[str, tuple[str, str]] = {
     "signal data redact": ("signal_token", "table workflow_signals"),
     "workflows show redact": ("api_key", "output workflows show --json"),
     "dlq show redact": ("event_secret", "output dlq show --json"),
+    "dlq show header redact": ("event_token", "output dlq show"),
     "actions show redact": ("action_result_secret", "output actions show --json"),
     "redact_keys": ("personal", "table workflow_history"),
     "secret word privatekey": ("private_key", "table workflow_history"),
     "dead-letter describe_error": ("handler_error", "topic dead letters"),
     "actions describe_error": ("provider_error", "table agent_operations"),
-    "workflow advance describe_error": ("workflow_error", "table workflow_instances"),
+    "workflow describe_error": ("workflow_error", "table workflow_instances"),
     "describe_error": ("workflow_error", "table workflow_history"),
 }
 EACH = os.environ.get("OUTBOXKIT_TEST_LEAK_EACH") == "1"
@@ -285,6 +290,7 @@ async def _hunt(
     canaries = {
         "event_secret": _canary("EVPASS"),
         "event_field": _canary("EVNOTE"),
+        "event_token": _canary("EVTOKEN"),
         "handler_error": _canary("HANDLERERR"),
         "api_key": _canary("APIKEY"),
         "private_key": _canary("PRIVKEY"),
@@ -332,6 +338,7 @@ async def _hunt(
     monkeypatch.setattr(leak_app, "ACTION_RESULT", canaries["action_result"])
     monkeypatch.setattr(leak_app, "ACTION_RESULT_SECRET", canaries["action_result_secret"])
     data = {"password": canaries["event_secret"], "note": canaries["event_field"]}
+    event_extensions = {"authtoken": canaries["event_token"]}  # the ce_authtoken header
     workflow_input = {
         "apiKey": canaries["api_key"],
         "private_key": canaries["private_key"],
@@ -343,7 +350,8 @@ async def _hunt(
     async with sessions_for(url) as sessions:
         engine = leak_app.build_engine(sessions)
         async with sessions() as session, session.begin():
-            await Outbox().add_async(session, new_event("leak.order", "shop", data), topic=topic)
+            order = new_event("leak.order", "shop", data, extensions=event_extensions)
+            await Outbox().add_async(session, order, topic=topic)
             failing = {**workflow_input, "explode": True}
             await engine.start(session, "leak", "W-fail", failing, tenant=T)
             await engine.start(session, "leak", "W-ok", workflow_input, tenant=T)

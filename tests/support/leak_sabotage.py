@@ -28,6 +28,10 @@ def _no_extra_keys(original: Any) -> Any:
     return lambda value, extra: original(value, frozenset())
 
 
+def _never_secret(original: Any) -> Any:
+    return lambda name, *args, **kwargs: False
+
+
 def _without_private_key(original: Any) -> Any:
     return tuple(word for word in original if word != "privatekey")
 
@@ -37,12 +41,13 @@ POINTS: dict[str, tuple[str, str, Callable[[Any], Any]]] = {
     "signal data redact": ("outboxkit.workflows.engine", "redact", _identity),
     "workflows show redact": ("outboxkit.ops.workflows", "redact", _identity),
     "dlq show redact": ("outboxkit.ops.dlq.rendering", "redact", _identity),
+    "dlq show header redact": ("outboxkit.ops.dlq.rendering", "is_secret_key", _never_secret),
     "actions show redact": ("outboxkit.ops.actions", "redact", _identity),
     "redact_keys": ("outboxkit.outbox.secrecy", "_redact", _no_extra_keys),
     "secret word privatekey": ("outboxkit.outbox.secrecy", "SECRET_WORDS", _without_private_key),
     "dead-letter describe_error": ("outboxkit.consumers.dlq", "describe_error", _message),
     "actions describe_error": ("outboxkit.actions.runner", "describe_error", _message),
-    "workflow advance describe_error": ("outboxkit.workflows.advance", "describe_error", _message),
+    "workflow describe_error": ("outboxkit.workflows.decisions", "describe_error", _message),
     "describe_error": ("outboxkit.outbox.secrecy", "_describe", _message),
 }
 """Each redaction point: (module, attribute, the replacement built from the original)."""
