@@ -233,6 +233,7 @@ async def test_canaries_appear_only_where_user_data_is_held(
     assert canaries["observation"] in places["topic workflow events"]
     assert canaries["action_result"] in outputs["actions show"]
     assert "IllegalSaslStateError" in outputs["status secured"]
+    assert "unreachable" in outputs["status secured"] and ":***@" in outputs["status secured"]
     for name in ("relay", "consume"):  # the worker writes events, traced by the relay
         assert '"trace_id"' in places[f"spans {name}"], name
     assert "outboxkit_relay" in hunt.metrics["relay"]
@@ -254,6 +255,7 @@ WITNESSES: dict[str, tuple[str, str]] = {
     "actions describe_error": ("provider_error", "table agent_operations"),
     "workflow describe_error": ("workflow_error", "table workflow_instances"),
     "describe_error": ("workflow_error", "table workflow_history"),
+    "database URL password": ("pg_password", "output status secured"),
 }
 EACH = os.environ.get("OUTBOXKIT_TEST_LEAK_EACH") == "1"
 
@@ -315,9 +317,10 @@ async def _hunt(
     }
     config = tmp_path / "outboxkit.toml"
     config.write_text(f'[database]\nurl = "{url}"\n[kafka]\nbootstrap = "{kafka_bootstrap}"\n')
-    secured = tmp_path / "secured.toml"
+    secured = tmp_path / "secured.toml"  # a database nothing listens on, a SASL broker
+    closed = make_url(url).set(port=free_port()).render_as_string(hide_password=False)
     secured.write_text(
-        f'[database]\nurl = "{url}"\n[kafka]\nbootstrap = "{kafka_bootstrap}"\n'
+        f'[database]\nurl = "{closed}"\n[kafka]\nbootstrap = "{kafka_bootstrap}"\n'
         'security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "SCRAM-SHA-512"\n'
         f'sasl_username = "leak"\nsasl_password = "{canaries["sasl_password"]}"\n'
     )
