@@ -104,3 +104,13 @@ def test_a_kafka_errors_message_is_kept_and_its_class_not_repeated() -> None:
     text = describe_error(MessageSizeTooLargeError("The message is 9 bytes"), with_class=True)
     assert text == "[Error 10] MessageSizeTooLargeError: The message is 9 bytes"
     assert describe_error(PolicyError("refused"), with_class=True) == "PolicyError: refused"
+
+
+def test_dead_letter_headers_named_as_secrets_are_redacted_for_display() -> None:
+    from outboxkit.ops.dlq.rendering import shown_header
+
+    assert shown_header("ce_authtoken", b"T0K") == REDACTED
+    assert shown_header("ce_pin", b"1234") == REDACTED  # a short name, once ce_ is dropped
+    assert shown_header("Authorization", b"Bearer x") == REDACTED
+    assert shown_header("ce_type", b"order.placed") == "order.placed"
+    assert shown_header("ce_apitoken", None) is None
