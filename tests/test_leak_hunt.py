@@ -1,6 +1,7 @@
 """The leak hunt: canaries planted through what users control, searched for everywhere.
 
-Distinct canaries go in through event data, a consumer handler's exception, workflow input
+Distinct canaries go in through event data and an event extension (a ``ce_authtoken``
+header), a consumer handler's exception, workflow input
 (secret fields in several spellings and a definition's ``redact_keys`` field), a workflow
 handler's exception, an observation's answer, a signal's data, agent-action parameters and
 results and a provider's exception, an HTTP request's body and headers (``Authorization``
@@ -14,6 +15,10 @@ JSON lines) and the HTTP app under uvicorn; then ``status``, ``dlq show``, ``act
 code). Every table, topic, log line, CLI output, metric and span is searched: a canary may
 appear only where docs/operations.md ("What never leaves the process") says user data is held
 (:data:`ALLOWED`); a secret canary of a credential nowhere at all.
+
+The self-check removes redactions (``tests/support/leak_sabotage.py``) and requires the hunt
+to find what each hides: all of them at once by default, one run per redaction with
+``OUTBOXKIT_TEST_LEAK_EACH=1``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from tests.support.actions import sessions_for
 from tests.support.kafka import read_topic, wait_for
 from tests.support.leak_sabotage import POINTS
 from tests.support.ops import cli
+from tests.support.waits import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -155,12 +161,11 @@ class Processes:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *argv: str, spans: bool = True) -> None:
-        log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - closed by the child's exit
         extra = {"LEAK_SPANS_FILE": str(self.folder / f"{name}.spans")} if spans else {}
-        self.running[name] = subprocess.Popen(
-            [sys.executable, *argv], env={**self.env, **extra}, stdout=log, stderr=log
-        )
-        log.close()
+        with open(self.folder / f"{name}.log", "wb") as log:  # the child keeps its own copy
+            self.running[name] = subprocess.Popen(
+                [sys.executable, *argv], env={**self.env, **extra}, stdout=log, stderr=log
+            )
 
     def check(self) -> None:
         for name, process in self.running.items():
@@ -181,7 +186,7 @@ class Processes:
         codes: dict[str, int | None] = {}
         for name, process in self.running.items():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=30)
+                process.wait(timeout=scaled(30))
             if process.poll() is None:
                 process.kill()
                 process.wait()
