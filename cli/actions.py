@@ -22,7 +22,7 @@ from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, duration_option, settings_from
 from outboxkit.cli.progress import progress_note
 from outboxkit.cli.sessions import in_session
-from outboxkit.ops.actions import resolve_operation, resolving_store
+from outboxkit.ops.actions import resolve_operation, resolving_store, shown, shown_entry
 from outboxkit.ops.formatting import format_age
 from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine
@@ -70,7 +70,7 @@ def list_command(
 
     operations, now = _run(db_url, query)
     if as_json:
-        typer.echo(json.dumps([op.to_json() for op in operations], indent=2))
+        typer.echo(json.dumps([shown(op) for op in operations], indent=2))
         return
     if not operations:
         typer.echo("no operations")
@@ -103,15 +103,15 @@ def show_command(
         raise CliError(f"no operation {key!r} for tenant {tenant!r}")
     if as_json:
         document = {
-            "operation": operation.to_json() if operation else None,
-            "audit": [entry.to_json() for entry in trail],
+            "operation": shown(operation) if operation else None,
+            "audit": [shown_entry(entry) for entry in trail],
         }
         typer.echo(json.dumps(document, indent=2))
         return
     if operation is None:
         typer.echo("(the operation was cleaned up; its audit trail remains)")
     else:
-        for name, value in operation.to_json().items():
+        for name, value in shown(operation).items():
             if name.endswith("_ms") and value is not None:
                 value = f"{value} ({format_time(value)})"
             elif name == "result":
@@ -184,7 +184,7 @@ def resolve_command(
 
     operation = _run(db_url, change)
     if as_json:
-        typer.echo(json.dumps({"resolved": 1, "operation": operation.to_json()}, indent=2))
+        typer.echo(json.dumps({"resolved": 1, "operation": shown(operation)}, indent=2))
         return
     typer.echo(f"{operation.key} ({operation.tenant}): {operation.state}")
 

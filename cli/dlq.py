@@ -37,7 +37,7 @@ from outboxkit.consumers.dlq_headers import header_texts
 from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
 from outboxkit.ops.dlq.grouping import FailureGroup, FailureGroups
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
-from outboxkit.ops.dlq.rendering import header_value, int_or_none, render_data
+from outboxkit.ops.dlq.rendering import header_value, int_or_none, render_data, shown_header
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary, Truncated
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
@@ -298,7 +298,7 @@ def show_command(
     if as_json:
         document = {
             **record.to_json(),
-            "headers": [{"name": n, "value": header_value(v)} for n, v in letter.headers],
+            "headers": [{"name": n, "value": shown_header(n, v)} for n, v in letter.headers],
             "key": header_value(letter.key),
             "content_type": content_type,
             "data": data,
@@ -310,7 +310,7 @@ def show_command(
     typer.echo(f"error: {letter.error_class or '-'}: {letter.error_message or '-'}")
     typer.echo("headers:")
     for name, value in letter.headers:
-        text = header_value(value)
+        text = shown_header(name, value)
         if name.startswith("outboxkit-") and (name.endswith("-ms") or name.endswith("timestamp")):
             text = f"{text} ({format_ms(int_or_none(value))})"
         typer.echo(f"  {name}: {text}")

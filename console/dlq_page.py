@@ -16,7 +16,7 @@ from outboxkit.consumers.dlq_headers import header_texts
 from outboxkit.ops.access import database_bounded, require_tables
 from outboxkit.ops.dlq.grouping import FailureGroups, Tallies
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
-from outboxkit.ops.dlq.rendering import header_value, render_data
+from outboxkit.ops.dlq.rendering import render_data, shown_header
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.status import dlq_counts
@@ -107,7 +107,7 @@ async def letter_page(request: Request) -> Response:
         "dlq_letter.html",
         topic=topic,
         record=record,
-        headers=[(name, header_value(value)) for name, value in letter.headers],
+        headers=[(name, shown_header(name, value)) for name, value in letter.headers],
         data=data,
         size=len(letter.value or b""),
     )

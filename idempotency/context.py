@@ -28,6 +28,7 @@ from outboxkit.idempotency.responses import (
 )
 from outboxkit.idempotency.scopes import RequestInfo
 from outboxkit.idempotency.store import ClaimKind, Lease
+from outboxkit.outbox.secrecy import describe_error
 from sqlalchemy.ext.asyncio import AsyncSession
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ log = logging.getLogger("outboxkit.idempotency")
 
 class IdempotencyError(RuntimeError):
     """The idempotency machinery is used wrongly (no middleware, no claimed key)."""
+
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
 
 
 class Decided(Exception):
@@ -97,7 +100,7 @@ class IdempotencyContext:
         try:
             key = parse_key(raw)
         except InvalidKeyError as error:
-            return self._refused(Outcome.MISSING_KEY, invalid_key(str(error)))
+            return self._refused(Outcome.MISSING_KEY, invalid_key(describe_error(error)))
         info = RequestInfo(scope["method"], scope["path"], headers, scope)
         found = middleware.scope_of(info)
         owner = await found if inspect.isawaitable(found) else found

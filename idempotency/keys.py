@@ -13,6 +13,8 @@ MAX_KEY_LENGTH = 255
 class InvalidKeyError(ValueError):
     """The header is present but is not a usable key (the message says why, never the key)."""
 
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
+
 
 def parse_key(raw: str) -> str:
     """The key of a header value; raises :class:`InvalidKeyError` if it is not one."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxkit.actions.records import OperationRecord, Resolution
+from outboxkit.actions.records import AuditEntry, OperationRecord, Resolution
 from outboxkit.actions.states import State
 from outboxkit.actions.store import ActionStore
+from outboxkit.outbox.secrecy import redact
 from outboxkit.outbox.writer import Outbox
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -22,6 +23,21 @@ async def unknown_queue(
     return await ActionStore().list_operations(
         session, tenant=tenant, state=State.UNKNOWN, limit=limit
     )
+
+
+def shown(operation: OperationRecord) -> dict[str, Any]:
+    """The operation as ``actions list`` and ``show`` print it: its result's secret fields
+    (:func:`~outboxkit.outbox.secrecy.is_secret_key`) redacted, as stored otherwise."""
+    document = operation.to_json()
+    document["result"] = redact(document["result"])
+    return document
+
+
+def shown_entry(entry: AuditEntry) -> dict[str, Any]:
+    """An audit entry as ``actions show`` prints it: its detail redacted like a result."""
+    document = entry.to_json()
+    document["detail"] = redact(document["detail"])
+    return document
 
 
 def resolving_store(topic: str) -> ActionStore:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from outboxkit.outbox.secrecy import describe_error
+
 
 class DependencyHealth:
     """Tracks whether a dependency (database, Kafka) works and logs only the transitions:
@@ -34,8 +36,7 @@ class DependencyHealth:
         self.failures += 1
         if self._on_change is not None:
             self._on_change(False, type(error).__name__)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        cause = f"{type(error).__name__} {reason}".strip()
+        cause = describe_error(error, with_class=True)
         if cause != self.cause:
             self.cause = cause
             self._log.warning("%s unavailable: %s; retrying", self.name, cause)

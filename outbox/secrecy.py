@@ -51,6 +51,26 @@ SAFE_MESSAGE_ATTRIBUTE = "outboxkit_safe_message"
 """A class attribute: ``True`` on an exception type whose messages carry no data (outboxkit's
 own errors, and the ones user code raises on purpose to say how a failure is treated)."""
 
+
+def _safe_library_types() -> tuple[type[BaseException], ...]:
+    from aiokafka.errors import KafkaError
+
+    # aiokafka's and the broker's messages name the error and the limit, never a record
+    return (KafkaError,)
+
+
+def message_is_safe(error: BaseException) -> bool:
+    """Whether ``error``'s message may be shown: the one place that decides it.
+
+    True for types marked with :data:`SAFE_MESSAGE_ATTRIBUTE` and for aiokafka's errors
+    (``KafkaError``); false for every other exception, whose message may quote the data it
+    failed on.
+    """
+    return getattr(type(error), SAFE_MESSAGE_ATTRIBUTE, False) is True or isinstance(
+        error, _safe_library_types()
+    )
+
+
 _SEPARATORS = re.compile(r"[\s_\-.:/]+")
 
 
@@ -97,10 +117,11 @@ def describe_error(error: BaseException, *, with_class: bool = False) -> str:
     ``with_class``: a safe type's message is preceded by its class (``AuthorizationError:
     ...``), for records that have no other place to name it (workflow history, last_error).
 
-    - types marked safe (:data:`SAFE_MESSAGE_ATTRIBUTE`: outboxkit's own errors,
+    - types whose messages are safe (:func:`message_is_safe`: outboxkit's own errors,
       ``TransientError``/``PermanentError``/``OutcomeUnknownError`` and the workflow failure
-      errors, whose messages their authors write): the message's first line (the class
-      where it has none: a dead letter names the class in a header of its own);
+      errors, whose messages their authors write; aiokafka's errors): the message's first
+      line (the class where it has none: a dead letter names the class in a header of its
+      own);
     - pydantic validation errors: where and what, without the input values;
     - database errors: their class and SQLSTATE (a PostgreSQL message may quote a value);
     - any other exception: its class and where it was raised, the message withheld.
@@ -108,9 +129,9 @@ def describe_error(error: BaseException, *, with_class: bool = False) -> str:
     At most :data:`MAX_MESSAGE_CHARS` characters.
     """
     text = _describe(error)
-    if with_class and getattr(type(error), SAFE_MESSAGE_ATTRIBUTE, False):
-        name = type(error).__name__
-        text = name if text == name else f"{name}: {text}"
+    name = type(error).__name__
+    if with_class and message_is_safe(error) and name not in text:
+        text = f"{name}: {text}"
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
@@ -130,7 +151,7 @@ def _describe(error: BaseException) -> str:
         code = sqlstate(error)
         text = f"database error {name} ({original}" + (f", sqlstate {code})" if code else ")")
         return text + (", connection invalidated" if error.connection_invalidated else "")
-    if getattr(type(error), SAFE_MESSAGE_ATTRIBUTE, False):
+    if message_is_safe(error):
         lines = str(error).strip().splitlines()
         return lines[0] if lines else name
     if not str(error).strip():

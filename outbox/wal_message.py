@@ -13,10 +13,17 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from outboxkit.outbox.errors import OutboxError
 from sqlalchemy import LargeBinary, bindparam, text
 from sqlalchemy.sql.elements import TextClause
 
 PREFIX = "outboxkit"
+
+
+class UnreadableMessageError(OutboxError, ValueError):
+    """A WAL message of outboxkit's prefix in a format this version cannot read."""
+
+
 _VERSION = 1
 _VERSION_BYTE = bytes((_VERSION,))
 _SHORT = struct.Struct("!H")
@@ -60,7 +67,7 @@ def unpack(content: bytes) -> tuple[str, str, str, str, bytes | None, str, bytes
     """The values of :func:`decode` as one tuple, in the order of :data:`FIELDS` (the relay
     decodes every message it publishes: no dictionary per message)."""
     if content[:1] != _VERSION_BYTE:
-        raise ValueError(f"unknown outbox message version {content[:1]!r}")
+        raise UnreadableMessageError(f"unknown outbox message version {content[:1]!r}")
     unpack_short, unpack_long = _SHORT.unpack_from, _LONG.unpack_from
     position = 1
     texts = []

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from outboxkit.outbox import wal_message
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.health import DependencyHealth
+from outboxkit.outbox.secrecy import describe_error
 from outboxkit.outbox.sharding import SHARD_COUNT, shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay import catch_up, metrics
@@ -82,9 +83,13 @@ _HEADER_CACHE_SIZE = 4096
 class SlotRefused(Exception):
     """The database refuses what streaming the slot needs (:func:`~.slot.refusal`)."""
 
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
+
 
 class LeasesLost(Exception):
     """Another relay took the shard leases (this one stalled past their lifetime)."""
+
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +209,7 @@ class LogicalStream:
                 await self._close_stream()
                 self._ready = False
                 attempt = self.replication.failed(error)
-                relay.readiness.mark_problem("replication", str(error)[:300])
+                relay.readiness.mark_problem("replication", describe_error(error))
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
                 continue
             except SlotRefused as error:
@@ -212,14 +217,14 @@ class LogicalStream:
                 # growing pauses, logged once a minute, named by /readyz meanwhile.
                 await self._close_stream()
                 self._refused += 1
-                relay.readiness.mark_problem("replication", str(error))
+                relay.readiness.mark_problem("replication", describe_error(error))
                 if time.monotonic() >= self._refusal_logged_at + REFUSAL_LOG_EVERY_S:
                     self._refusal_logged_at = time.monotonic()
-                    log.error("logical mode cannot stream: %s; retrying", error)
+                    log.error("logical mode cannot stream: %s; retrying", describe_error(error))
                 await sleep_unless(stop, self.options.outage_backoff.delay(self._refused))
                 continue
             except LeasesLost as error:
-                log.warning("%s; standing by", error)
+                log.warning("%s; standing by", describe_error(error))
                 await self._close_stream()
                 self._ready = active = False
                 next_heartbeat = 0.0
@@ -651,7 +656,7 @@ def _rows(
                 try:
                     _, _, _, topic, key, headers, payload = wal_message.unpack(change.content)
                 except (ValueError, struct.error) as error:  # UnicodeDecodeError is one
-                    unreadable.append((change, f"{type(error).__name__}: {error}"))
+                    unreadable.append((change, describe_error(error, with_class=True)))
                     continue
                 wanted.append((-change.lsn, topic, key, headers, payload, change.content))
     if not wanted:
@@ -711,7 +716,7 @@ def _readable_headers(
         try:
             headers = json.loads(values[3])
         except ValueError as error:
-            headers, reason = None, f"headers: {type(error).__name__}: {error}"
+            headers, reason = None, f"headers: {describe_error(error, with_class=True)}"
         else:
             reason = "headers: not a JSON object of strings"
         if _valid_headers(headers) or values[0] > 0:  # a row's headers: written by the outbox

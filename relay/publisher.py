@@ -36,6 +36,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from outboxkit.outbox import telemetry
 from outboxkit.outbox.kafka_failures import explain
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.secrecy import describe_error
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Failure
 
@@ -58,6 +59,8 @@ RECORD_ERRORS = (
 
 class KafkaUnavailable(Exception):
     """The broker could not be reached; the batch was released untouched."""
+
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
 
 
 @dataclass
@@ -171,7 +174,13 @@ class Publisher:
                 row.key, _value(row), row.headers
             )
             if size > self._max_request_size:
-                self._fail(outcome, failed_at, index, row, _describe(_too_large(size)))
+                self._fail(
+                    outcome,
+                    failed_at,
+                    index,
+                    row,
+                    describe_error(_too_large(size), with_class=True),
+                )
                 continue
             try:
                 partitions = partitions_of.get(row.topic)
@@ -273,7 +282,13 @@ class Publisher:
                 items.extendleft(reversed(batch.items))
             elif isinstance(result, RECORD_ERRORS):
                 for item in batch.items:
-                    self._fail(outcome, failed_at, item.index, item.row, _describe(result))
+                    self._fail(
+                        outcome,
+                        failed_at,
+                        item.index,
+                        item.row,
+                        describe_error(result, with_class=True),
+                    )
             else:
                 outcome.outage = outcome.outage or result
                 outcome.released.extend(item.row for item in batch.items)
@@ -422,10 +437,6 @@ def _publish_span(row: ClaimedRow) -> tuple[Any, list[tuple[str, bytes]]]:
     if hop is None:
         return current, row.headers
     return current, [(k, v) for k, v in row.headers if k != telemetry.HOP_HEADER] + [hop]
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:500]
 
 
 async def _stop_quietly(producer: AIOKafkaProducer, timeout_s: float) -> None:

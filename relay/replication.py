@@ -45,6 +45,8 @@ class StreamLost(ConnectionError):
     """The replication connection failed or ended; the relay treats it as a database outage
     (retried with backoff) and streams again from the slot's confirmed position."""
 
+    outboxkit_safe_message = True  # its messages are written by outboxkit (outbox/secrecy.py)
+
 
 class SlotStream:
     """One replication session on ``slot``: transactions in commit order, confirmed by the

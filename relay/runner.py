@@ -16,6 +16,7 @@ from outboxkit.outbox.errors import NotMigratedError
 from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.readiness import Readiness
+from outboxkit.outbox.secrecy import describe_error
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
@@ -352,12 +353,18 @@ class Relay:
         try:
             await self._settling.wait()
         except DATABASE_ERRORS as error:
-            log.warning("could not record the last batch (its rows will be sent again): %s", error)
+            log.warning(
+                "could not record the last batch (its rows will be sent again): %s",
+                describe_error(error),
+            )
         try:
             if not self._not_migrated:
                 await self.leases.release_all()
         except DATABASE_ERRORS as error:
-            log.warning("could not release shard leases (they expire on their own): %s", error)
+            log.warning(
+                "could not release shard leases (they expire on their own): %s",
+                describe_error(error),
+            )
         await self.publisher.stop()
         if self._owns_engine:
             await self.engine.dispose()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxkit.actions.steps import Actions, Step
-from outboxkit.outbox.secrecy import redact
+from outboxkit.outbox.secrecy import describe_error, redact
 from outboxkit.workflows.context import EffectCall, EffectResult, WorkflowContext
 from outboxkit.workflows.definition import Workflow
 from outboxkit.workflows.directives import Complete, Goto, Wait
@@ -248,7 +248,7 @@ class _Walk:
                 step = await self.definition.states[state].handler(ctx)
                 self._compare_directive(record, step, ctx, differ)
         except Exception as error:  # a replayed handler must decide, not fail
-            differ("error", None, f"{type(error).__name__}: {error}")
+            differ("error", None, describe_error(error, with_class=True))
             return found
         differ("data", record.data, self._redacted(ctx.data))
         unused = runtime.unused()

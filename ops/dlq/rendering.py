@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from outboxkit.consumers.decoding import STRUCTURED_PREFIX, is_json_content_type
-from outboxkit.outbox.secrecy import redact
+from outboxkit.outbox.secrecy import REDACTED, is_secret_key, redact
 
 
 def header_value(value: bytes | None) -> str | None:
@@ -19,6 +19,14 @@ def header_value(value: bytes | None) -> str | None:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         return "0x" + value[:64].hex() + ("..." if len(value) > 64 else "")
+
+
+def shown_header(name: str, value: bytes | None) -> str | None:
+    """A header's value as :func:`header_value` renders it, ``"[redacted]"`` when its name
+    says it is a secret (a CloudEvents extension ``ce_authtoken``, an ``authorization``)."""
+    if value is not None and is_secret_key(name.removeprefix("ce_")):
+        return REDACTED
+    return header_value(value)
 
 
 def int_or_none(value: bytes | None) -> int | None:
