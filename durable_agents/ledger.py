@@ -21,12 +21,13 @@ from outboxkit.actions.errors import OperationConflictError
 from outboxkit.actions.hashing import params_hash
 from outboxkit.actions.keys import check_tenant, operation_key
 from outboxkit.actions.reconcile import Reconciler
-from outboxkit.actions.records import DecisionKind, OperationRecord
+from outboxkit.actions.records import Absent, DecisionKind, OperationRecord, ReconcileOutcome
 from outboxkit.actions.runner import ActionOutcome, run_action
 from outboxkit.actions.store import ActionStore
 from outboxkit.agents.errors import AgentRunError, DefinitionChangedError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+MODEL_REQUEST = "agent.model_request"
 _CALL: contextvars.ContextVar[CallInfo] = contextvars.ContextVar("outboxkit_agents_call")
 _RUN: contextvars.ContextVar[AgentRun] = contextvars.ContextVar("outboxkit_agents_run")
 
@@ -174,6 +175,45 @@ async def run_effect(
     )
 
 
+async def _model_requests_are_safe(operation: OperationRecord) -> ReconcileOutcome:
+    """A model request has no effect of its own: an interrupted one is asked again."""
+    return Absent("a model request changes nothing outside; asking again is safe")
+
+
+async def recorded_model_request(
+    run: AgentRun,
+    agent: str,
+    position: int,
+    fingerprint: dict[str, str],
+    ask: Callable[[], Awaitable[Any]],
+) -> Any:
+    """The answer to model request ``position`` of the run: recorded, or ``ask()``-ed once.
+
+    ``fingerprint`` (what the model was sent, hashed) is the operation's parameters: another
+    request at the same position raises :class:`DefinitionChangedError`. ``ask`` returns the
+    answer as JSON; a request that failed or was interrupted by a crash is asked again (it
+    changed nothing outside), an answered one never is.
+    """
+    key = run.key(f"model:{position}", MODEL_REQUEST, agent)
+    try:
+        outcome = await run_effect(
+            run,
+            key,
+            MODEL_REQUEST,
+            fingerprint,
+            ask,
+            tool="model",
+            reconciler=_model_requests_are_safe,
+            refusals=(Exception,),  # a failed request changed nothing: PENDING, raised
+        )
+    except OperationConflictError as error:
+        raise DefinitionChangedError(
+            f"run {run.run_id!r}: model request {position} differs from the recorded one "
+            "(other instructions, tools, prompt or tool results)"
+        ) from error
+    return outcome.result
+
+
 async def record_start(run: AgentRun, agent: str, version: str | int, prompt: Any) -> None:
     """Record the run's start, or check it against the recorded one (the definition check)."""
     params = {"agent": agent, "version": str(version), "prompt": params_hash(prompt)}
@@ -211,6 +251,7 @@ def json_hash(value: Any) -> str:
 
 
 __all__ = [
+    "MODEL_REQUEST",
     "AgentRun",
     "CallInfo",
     "current_call",
@@ -219,6 +260,7 @@ __all__ = [
     "record_once",
     "record_outcome",
     "record_start",
+    "recorded_model_request",
     "run_effect",
     "using_run",
 ]

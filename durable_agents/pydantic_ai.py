@@ -25,10 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from outboxkit.actions.errors import OperationConflictError
 from outboxkit.actions.hashing import canonical_json, params_hash
 from outboxkit.actions.reconcile import Reconciler
-from outboxkit.actions.records import Absent, OperationRecord, ReconcileOutcome
 from outboxkit.agents.approvals import (
     DEFAULT_APPROVAL_TTL_S,
     PendingApproval,
@@ -36,8 +34,13 @@ from outboxkit.agents.approvals import (
     decision_of,
     request_approval,
 )
-from outboxkit.agents.errors import DefinitionChangedError
-from outboxkit.agents.ledger import AgentRun, record_outcome, record_start, run_effect
+from outboxkit.agents.ledger import (
+    AgentRun,
+    record_outcome,
+    record_start,
+    recorded_model_request,
+    run_effect,
+)
 from pydantic_ai import Agent
 from pydantic_ai._run_context import RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
@@ -59,7 +62,6 @@ from pydantic_core import to_jsonable_python
 OutputT = TypeVar("OutputT")
 DepsT = TypeVar("DepsT")
 
-MODEL_REQUEST = "agent.model_request"
 # Fields pydantic-ai fills anew on every run; the rest of a message is what the model saw.
 _VOLATILE = frozenset({"timestamp", "run_id", "conversation_id"})
 _CONTROL_FLOW = (ModelRetry, CallDeferred, ApprovalRequired)
@@ -91,11 +93,6 @@ def tool_key(run: AgentRun, name: str, args: dict[str, Any], config: DurableTool
         target = params_hash(args)
     action_type = config.action_type or f"agent.tool.{name}"
     return run.key(f"tool:{name}", action_type, target, config.version)
-
-
-async def _model_requests_are_safe(operation: OperationRecord) -> ReconcileOutcome:
-    """A model request has no effect of its own: an interrupted one is asked again."""
-    return Absent("a model request changes nothing outside; asking again is safe")
 
 
 def _stable(value: Any) -> Any:
@@ -145,7 +142,6 @@ class DurableModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
         position = sum(isinstance(m, ModelResponse) for m in messages)
-        key = self.run.key(f"model:{position}", MODEL_REQUEST, self.agent_name)
 
         async def ask() -> Any:
             self.model_calls += 1
@@ -154,23 +150,14 @@ class DurableModel(WrapperModel):
             )
             return to_jsonable_python(ModelMessagesTypeAdapter.dump_python([response]))
 
-        try:
-            outcome = await run_effect(
-                self.run,
-                key,
-                MODEL_REQUEST,
-                request_fingerprint(messages, model_request_parameters),
-                ask,
-                tool="model",
-                reconciler=_model_requests_are_safe,
-                refusals=(Exception,),  # a failed request changed nothing: PENDING, raised
-            )
-        except OperationConflictError as error:
-            raise DefinitionChangedError(
-                f"run {self.run.run_id!r}: model request {position} differs from the recorded "
-                "one (other instructions, tools, prompt or tool results)"
-            ) from error
-        [response] = ModelMessagesTypeAdapter.validate_python(outcome.result)
+        answer = await recorded_model_request(
+            self.run,
+            self.agent_name,
+            position,
+            request_fingerprint(messages, model_request_parameters),
+            ask,
+        )
+        [response] = ModelMessagesTypeAdapter.validate_python(answer)
         assert isinstance(response, ModelResponse)
         return response
 

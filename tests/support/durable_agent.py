@@ -21,8 +21,15 @@ from typing import Any
 
 from agents import Agent as OpenAIAgent
 from agents import set_tracing_disabled
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatResult
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command
 from outboxkit.actions import ActionStore
 from outboxkit.agents import AgentRun, AgentRunError, ApprovalRefusedError, current_call, decide
+from outboxkit.agents.langgraph import ledger_task
 from outboxkit.agents.ledger import using_run
 from outboxkit.agents.openai_agents import DurableRunner, ledger_tool
 from outboxkit.agents.openai_agents import RunFinished as OpenAIFinished
@@ -33,6 +40,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, Tool
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from examples.refund_agent.agent import tool_returns
@@ -93,6 +101,8 @@ def build_openai(
     approval: bool = False,
     calls: list[dict[str, Any]],
     log: Path | None,
+    instructions: str = INSTRUCTIONS,
+    version: int = 1,
 ) -> DurableRunner:
     """The same refund agent on the OpenAI Agents SDK, with a scripted model."""
 
@@ -112,14 +122,12 @@ def build_openai(
         refund, target=("charge_id",), reconciler=payments.reconcile, needs_approval=approval
     )
     model = ScriptedModel("refund", calls, log)
-    agent = OpenAIAgent(name="refund-agent", instructions=INSTRUCTIONS, tools=[tool], model=model)
-    return DurableRunner(agent, version=1, approval_ttl_s=3 * DAY_S)
+    agent = OpenAIAgent(name="refund-agent", instructions=instructions, tools=[tool], model=model)
+    return DurableRunner(agent, version=version, approval_ttl_s=3 * DAY_S)
 
 
 def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> Any:
     """A LangGraph graph whose one node makes the refunds of ``calls`` through the ledger."""
-    from langgraph.graph import END, START, StateGraph
-    from outboxkit.agents.langgraph import ledger_task
 
     async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
         kill_at("before_tool")
@@ -143,6 +151,114 @@ def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> An
     builder.add_edge(START, "refunds")
     builder.add_edge("refunds", END)
     return builder.compile()
+
+
+class ScriptedChatModel(FakeMessagesListChatModel):
+    """langchain-core's fake chat model, answering by the conversation (not by its own count,
+    which a new process starts again): the ``n``-th answer for ``n`` answers before it. Each
+    request appends a line to ``log``."""
+
+    log: str | None = None
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        if self.log:
+            with Path(self.log).open("a") as out:
+                out.write("call\n")
+        self.i = sum(isinstance(m, AIMessage) for m in messages)
+        return super()._generate(messages, *args, **kwargs)
+
+
+def chat_model(calls: list[dict[str, Any]], log: Path | None) -> ScriptedChatModel:
+    """Tool calls of ``refund`` with ``calls``, one per turn, then a text."""
+    turns: list[BaseMessage] = [
+        AIMessage("", tool_calls=[{"name": "refund", "args": call, "id": f"call-{n}"}])
+        for n, call in enumerate(calls)
+    ]
+    return ScriptedChatModel(responses=[*turns, AIMessage("done")], log=str(log) if log else None)
+
+
+def build_langgraph_agent(
+    payments: PaymentsClient, model: ScriptedChatModel, *, approval: bool = False
+) -> StateGraph[MessagesState]:
+    """A LangGraph agent: a model node and a tools node whose refund goes through the ledger."""
+
+    async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
+        kill_at("before_tool")
+        reply = await payments.refund(
+            current_call().idempotency_key,
+            charge_id=charge_id,
+            amount_cents=amount_cents,
+            currency="EUR",
+        )
+        kill_at("after_provider")
+        return reply
+
+    task = ledger_task(
+        refund,
+        target=("charge_id",),
+        reconciler=payments.reconcile,
+        needs_approval=approval,
+        approval_ttl_s=3 * DAY_S,
+    )
+
+    async def ask_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    async def run_tools(state: MessagesState) -> dict[str, Any]:
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage)
+        results = [(call["id"], await task(**call["args"])) for call in last.tool_calls]
+        return {"messages": [ToolMessage(json.dumps(r), tool_call_id=i) for i, r in results]}
+
+    def route(state: MessagesState) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", ask_model)
+    graph.add_node("tools", run_tools)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph
+
+
+def refund_ids(messages: list[BaseMessage]) -> list[str]:
+    """The distinct refund ids the tools returned in a LangGraph conversation."""
+    return sorted(
+        {json.loads(str(m.content))["id"] for m in messages if isinstance(m, ToolMessage)}
+    )
+
+
+async def run_langgraph(
+    run: AgentRun, payments: PaymentsClient, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Start, resume (after a crash or a redeploy) or answer the interrupt of thread ``run_id``;
+    its checkpoints in PostgreSQL (LangGraph's own saver), its effects in the ledger."""
+    calls = [json.loads(c) for c in args.call]
+    model = chat_model(calls, Path(args.model_log) if args.model_log else None)
+    conn = make_url(args.db_url).set(drivername="postgresql").render_as_string(False)
+    async with AsyncPostgresSaver.from_conn_string(conn) as saver:
+        await saver.setup()
+        graph = build_langgraph_agent(payments, model, approval=args.approval)
+        app = graph.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": run.run_id}}
+        snapshot = await app.aget_state(config)
+        start: Any = {"messages": [HumanMessage("refund my charges")]}
+        if args.resume:
+            start = Command(resume=json.loads(args.resume))
+        elif snapshot.next:
+            start = None  # a crash or a redeploy between steps: go on from the checkpoint
+        steps = 0
+        with using_run(run):
+            async for _ in app.astream(start, config):
+                steps += 1
+                if steps == args.steps:
+                    return {"status": "stopped", "steps": steps}
+        state = await app.aget_state(config)
+    if state.interrupts:
+        return {"status": "waiting", "approvals": [i.value for i in state.interrupts]}
+    return {"status": "finished", "output": refund_ids(state.values["messages"])}
 
 
 def scripted(calls: list[dict[str, Any]], log: Path | None) -> FunctionModel:
@@ -206,6 +322,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         calls = [json.loads(c) for c in args.call]
         log = Path(args.model_log) if args.model_log else None
         try:
+            if args.framework == "langgraph-agent":
+                return await run_langgraph(run, payments, args)
             if args.framework == "langgraph":
                 with using_run(run):
                     state = await build_langgraph(payments, calls).ainvoke({})
@@ -240,7 +358,9 @@ def main() -> None:
     parser.add_argument("command", choices=["run", "decide"])
     parser.add_argument("--db-url", required=True)
     parser.add_argument(
-        "--framework", choices=["pydantic-ai", "openai", "langgraph"], default="pydantic-ai"
+        "--framework",
+        choices=["pydantic-ai", "openai", "langgraph", "langgraph-agent"],
+        default="pydantic-ai",
     )
     parser.add_argument("--topic", default="outboxkit.actions")
     parser.add_argument("--tenant", default="acme")
@@ -257,6 +377,8 @@ def main() -> None:
     parser.add_argument("--tool-call-id", default="call-0")
     parser.add_argument("--args-hash", default="")
     parser.add_argument("--by", default="alice")
+    parser.add_argument("--resume", default="", help="LangGraph: Command(resume=<this JSON>)")
+    parser.add_argument("--steps", type=int, default=0, help="LangGraph: stop after N steps")
     print(json.dumps(asyncio.run(main_async(parser.parse_args()))), flush=True)
 
 
