@@ -5,9 +5,10 @@ node did before its ``interrupt()`` happens again, unless it goes through the le
 :func:`ledger_task` call returns its stored result by key the second time. A task with
 ``needs_approval`` records a durable approval request bound to its arguments' hash and calls
 ``interrupt({...})``; the graph is resumed with ``Command(resume={"args_hash": ..., "by":
-...})``, which is recorded as the decision (refused for other arguments or after the expiry)
-and checked again right before the effect. Run the graph inside ``using_run(AgentRun(...,
-run_id=thread_id))``.
+...})``, which is recorded as the decision and checked again right before the effect. An
+answer for other arguments or after the expiry is refused and recorded, and the graph
+interrupts again (``"refused"`` in the payload says why). Run the graph inside
+``using_run(AgentRun(..., run_id=thread_id))``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from langgraph.types import interrupt
 from outboxkit.actions.hashing import canonical_json, params_hash
 from outboxkit.actions.reconcile import Reconciler
+from outboxkit.actions.states import State
 from outboxkit.agents.approvals import (
     DEFAULT_APPROVAL_TTL_S,
     check_approved,
@@ -27,7 +29,7 @@ from outboxkit.agents.approvals import (
     request_approval,
 )
 from outboxkit.agents.errors import ApprovalRefusedError
-from outboxkit.agents.ledger import current_run, run_effect
+from outboxkit.agents.ledger import AgentRun, current_run, run_effect
 from pydantic_core import to_jsonable_python
 
 
@@ -56,23 +58,7 @@ def ledger_task(
         key = run.key(f"tool:{task}", kind, target_id, version)
         if needs_approval:
             call_id = f"{task}:{target_id}"[:100]
-            pending = await request_approval(run, call_id, task, args, approval_ttl_s)
-            decision = await decision_of(run, call_id)
-            if decision is None:
-                answer = interrupt(
-                    {"tool_call_id": call_id, "tool": task, "args": args,
-                     "args_hash": pending.args_hash, "expires_at": pending.expires_at}
-                )  # fmt: skip
-                decision = await decide(
-                    run,
-                    call_id,
-                    args_hash=str(answer.get("args_hash", "")),
-                    by=str(answer.get("by", "unknown")),
-                    approved=bool(answer.get("approved", True)),
-                )
-            if not decision.approved:
-                raise ApprovalRefusedError(f"{task} was denied by {decision.by}")
-            await check_approved(run, call_id, args)
+            await _approved(run, call_id, task, args, approval_ttl_s, key)
         outcome = await run_effect(
             run,
             key,
@@ -85,6 +71,45 @@ def ledger_task(
         return outcome.result
 
     return call
+
+
+async def _approved(
+    run: AgentRun, call_id: str, task: str, args: dict[str, Any], ttl_s: float, key: str
+) -> None:
+    """Wait (``interrupt()``) until an answer is accepted as the decision on ``call_id``.
+
+    A refused answer (other arguments, expired) is recorded and the graph interrupts again,
+    the refusal in the payload: LangGraph hands a re-run node the answers of its earlier
+    interrupts in order, so each re-run makes the same interrupts, refuses the same answers,
+    and reaches the same decision (the recorded one) without a person being asked again.
+    """
+    pending = await request_approval(run, call_id, task, args, ttl_s)
+    refusal: str | None = None
+    while True:
+        answer = interrupt(
+            {"tool_call_id": call_id, "tool": task, "args": args, "args_hash": pending.args_hash,
+             "expires_at": pending.expires_at, "refused": refusal}
+        )  # fmt: skip
+        shown = str(answer.get("args_hash", ""))
+        decision = await decision_of(run, call_id)
+        if decision is None or decision.args_hash != shown:
+            try:
+                decision = await decide(
+                    run,
+                    call_id,
+                    args_hash=shown,
+                    by=str(answer.get("by", "unknown")),
+                    approved=bool(answer.get("approved", True)),
+                )
+            except ApprovalRefusedError as error:
+                refusal = str(error)
+                continue
+        break
+    if not decision.approved:
+        raise ApprovalRefusedError(f"{task} was denied by {decision.by}")
+    done = await run.get(key)
+    if done is None or done.state is not State.SUCCEEDED:  # a replay needs no live approval
+        await check_approved(run, call_id, args)
 
 
 async def _json(result: Awaitable[Any]) -> Any:

@@ -16,6 +16,6 @@ def test_every_example_in_the_agents_guide_is_code_the_tests_run() -> None:
     guide = (REPO / "docs" / "agents.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
     source = _lines((REPO / "tests" / "support" / "durable_agent.py").read_text())
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         assert _lines(block) in source, block
