@@ -147,8 +147,9 @@ def test_postgresql_without_its_extra_is_one_line_naming_it(
     )
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
+    # migrate reaches the database through asyncpg first (its wording of a failure), then psycopg
     assert line.endswith(
-        "PostgreSQL needs psycopg, which is not installed: pip install 'outboxkit[postgres]'"
+        "PostgreSQL needs asyncpg, which is not installed: pip install 'outboxkit[postgres]'"
     )
 
 
