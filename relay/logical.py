@@ -512,6 +512,12 @@ class LogicalStream:
         self._refused = 0
         state = await catch_up.load(relay.engine, name)
         wal_status = await self.slot.inspect()
+        if wal_status == "creating":
+            # Another session is creating it: a relay killed while creating it leaves its
+            # backend finishing the job. Rows committed until the slot is consistent are in no
+            # slot, and the catch-up's bound (the highest id once the slot exists) must come
+            # after them: waited for, with the stream's backoff.
+            raise StreamLost(f"slot {name} is still being created by another session")
         if wal_status == "lost":
             log.error(
                 "slot %s was invalidated (wal_status lost: it kept more WAL than "

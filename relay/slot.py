@@ -185,13 +185,16 @@ class Slot:
 
     async def inspect(self) -> str | None:
         """The slot's ``wal_status`` (``reserved``, ``extended``, ``unreserved``, ``lost``:
-        invalidated), or ``None`` if it does not exist. A slot of that name on another
-        database or with another plugin is refused (:class:`LogicalModeError`)."""
+        invalidated), ``creating`` while a session is still creating it (it has no consistent
+        point yet: commits until then are in no slot), or ``None`` if it does not exist. A slot
+        of that name on another database or with another plugin is refused
+        (:class:`LogicalModeError`)."""
         async with self.engine.connect() as conn:
             found = (
                 await conn.execute(
                     text(
-                        "SELECT database, plugin, coalesce(wal_status, 'reserved') AS wal_status, "
+                        "SELECT database, plugin, CASE WHEN confirmed_flush_lsn IS NULL "
+                        "THEN 'creating' ELSE coalesce(wal_status, 'reserved') END AS wal_status, "
                         "current_database() AS current FROM pg_replication_slots "
                         "WHERE slot_name = :slot"
                     ),
