@@ -59,7 +59,7 @@ def test_every_key_keeps_its_order_behind_dead_letters_replayed_under_faults(
     summary = check_chaos(tmp_path, "poll", sequence=True, share=0.5)
     # Bad steps were dead-lettered, their keys blocked and released again by the replays.
     assert summary.letters_replayed >= 1 and summary.records_held_at_end == 0
-    assert summary.held_by_stopping_consumers > 0, "no step was ever held behind a bad one"
+    assert summary.event_keys_blocked >= 1 and summary.key_releases >= 1, asdict(summary)
 
 
 @contextmanager
