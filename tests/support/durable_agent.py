@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,8 @@ def build_openai(
     return DurableRunner(agent, version=version, approval_ttl_s=3 * DAY_S)
 
 
-def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> Any:
-    """A LangGraph graph whose one node makes the refunds of ``calls`` through the ledger."""
+def killable_refund(payments: PaymentsClient) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """The LangGraph tools' refund at the provider, killed where ``kill_at`` says."""
 
     async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
         kill_at("before_tool")
@@ -140,6 +141,13 @@ def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> An
         kill_at("after_provider")
         return reply
 
+    return refund
+
+
+def build_langgraph(payments: PaymentsClient, calls: list[dict[str, Any]]) -> Any:
+    """A LangGraph graph whose one node makes the refunds of ``calls`` through the ledger."""
+
+    refund = killable_refund(payments)
     task = ledger_task(refund, target=("charge_id",), reconciler=payments.reconcile)
 
     async def node(state: dict[str, Any]) -> dict[str, Any]:
@@ -182,17 +190,7 @@ def build_langgraph_agent(
 ) -> StateGraph[MessagesState]:
     """A LangGraph agent: a model node and a tools node whose refund goes through the ledger."""
 
-    async def refund(charge_id: str, amount_cents: int) -> dict[str, Any]:
-        kill_at("before_tool")
-        reply = await payments.refund(
-            current_call().idempotency_key,
-            charge_id=charge_id,
-            amount_cents=amount_cents,
-            currency="EUR",
-        )
-        kill_at("after_provider")
-        return reply
-
+    refund = killable_refund(payments)
     task = ledger_task(
         refund,
         target=("charge_id",),
