@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
 import subprocess
@@ -56,6 +55,7 @@ from tests.chaos.app import chaos_effects, chaos_metadata
 from tests.chaos.ledger import LEDGER_TRIGGER, chaos_ledger
 from tests.chaos.poison import EVERY, POISON_HEADER, poison_record, send_poison
 from tests.support.kafka import read_topic
+from tests.support.ops import cli_process
 from tests.support.waits import scaled
 
 PARTITIONS = 6
@@ -541,16 +541,12 @@ class Operator:
         staged.replace(self.fixed)  # the handlers never read half a file
         args = ["dlq", "replay", f"{self.fleet.topic}.dlq", "--source", "/chaos", "--json"]
         args += ["--db-url", self.fleet.db_url, "--bootstrap", self.fleet.bootstrap]
-        with open(self.log, "ab") as log:
-            done = subprocess.run(
-                [sys.executable, "-c", "from outboxkit.cli.main import main; main()", *args],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                timeout=scaled(120),
-            )
+        done = cli_process(*args, timeout=120)
+        with open(self.log, "a") as log:
+            log.write(done.err)
         self.summary.replay_rounds += 1
-        if done.returncode == 0:
-            self.summary.letters_replayed += int(json.loads(done.stdout)["replayed"])
+        if done.code == 0:
+            self.summary.letters_replayed += int(done.json()["replayed"])
 
 
 def _wait_for_effects(
