@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -123,6 +123,8 @@ class Lease:
     generation: int
     attempt: int
     holder: str
+    claimed_ms: int | None = field(default=None, compare=False)
+    """When the claim was made (database clock), for the time-in-state metric."""
 
     @property
     def idempotency_key(self) -> str:

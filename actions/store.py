@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from outboxkit.actions import events, metrics
 from outboxkit.actions.errors import (
@@ -116,14 +116,15 @@ class ActionStore:
         lease_ms = self._lease_ms if lease_s is None else _positive_ms("lease_s", lease_s)
         holder = _check_text("holder", holder or new_holder(), 64)
         for _ in range(_MAX_RACES):
+            # A new key is the common case: insert first, read only when the key exists.
+            created = await self._insert(
+                session, tenant, key, action_type, digest, lease_ms, holder
+            )
+            if created is not None:
+                return _execute(created)
             op, now = await self._load(session, tenant, key)
             if op is None:
-                created = await self._insert(
-                    session, tenant, key, action_type, digest, lease_ms, holder
-                )
-                if created is not None:
-                    return _execute(created)
-                continue
+                continue  # removed meanwhile (cleanup): insert again
             if op.state in REPLACEABLE and op.expires_ms <= now:
                 op = await self._replace(session, op, action_type, digest, holder)
                 if op is None:
@@ -188,17 +189,17 @@ class ActionStore:
             return None  # someone else inserted it first; the caller re-reads
         created = OperationRecord.from_row(row)
         await self._record(
-            session, created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"
-        )
-        await self._record(
             session,
-            created,
-            State.PENDING,
-            State.RUNNING,
-            1,
-            events.STARTED,
-            holder,
-            f"claimed for attempt 1 with a lease of {lease_ms / 1000:g} s",
+            _Change(created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"),
+            _Change(
+                created,
+                State.PENDING,
+                State.RUNNING,
+                1,
+                events.STARTED,
+                holder,
+                f"claimed for attempt 1 with a lease of {lease_ms / 1000:g} s",
+            ),
         )
         return created
 
@@ -361,6 +362,11 @@ class ActionStore:
         *,
         require_live_lease: bool = False,
     ) -> OperationRecord:
+        done = await self._finish_running(
+            session, lease, target, event_type, reason, values, require_live_lease
+        )
+        if done is not None:
+            return done
         for _ in range(_MAX_RACES):
             op, now = await self._load(session, lease.tenant, lease.key)
             if (
@@ -404,6 +410,58 @@ class ActionStore:
             if done is not None:
                 return done
         raise StaleLeaseError(f"operation {lease.key!r} kept changing under this lease")
+
+    async def _finish_running(
+        self,
+        session: AsyncSession,
+        lease: Lease,
+        target: State,
+        event_type: str,
+        reason: str,
+        values: dict[str, Any],
+        require_live_lease: bool,
+    ) -> OperationRecord | None:
+        """The common finish in one statement: the operation is RUNNING under ``lease``
+        (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why."""
+        check_transition(State.RUNNING, target)
+        now = db_now_ms(_dialect(session))
+        live = [ops.c.lease_expires_ms > now] if require_live_lease else []
+        statement = (
+            update(ops)
+            .where(
+                ops.c.tenant == lease.tenant,
+                ops.c.op_key == lease.key,
+                ops.c.generation == lease.generation,
+                ops.c.attempts == lease.attempt,
+                ops.c.lease_holder == lease.holder,
+                ops.c.state == State.RUNNING.value,
+                *live,
+            )
+            .values(
+                {
+                    **values,
+                    "state": target.value,
+                    "lease_expires_ms": None,
+                    "updated_ms": now,
+                    "expires_ms": now + self._ttl_ms,
+                }
+            )
+            .returning(*ops.c)
+        )
+        row = (await session.execute(statement)).mappings().first()
+        if row is None:
+            return None
+        changed = OperationRecord.from_row(row)
+        await self._record(
+            session,
+            _Change(
+                changed, State.RUNNING, target, changed.attempts, event_type, lease.holder, reason
+            ),
+        )
+        if lease.claimed_ms is not None:
+            spent_s = max(0, changed.updated_ms - lease.claimed_ms) / 1000
+            metrics.STATE_SECONDS.labels(State.RUNNING.value).observe(spent_s)
+        return changed
 
     async def extend_lease(self, session: AsyncSession, lease: Lease, lease_s: float) -> bool:
         """A heartbeat: move a live lease's expiry to ``now + lease_s`` (database clock).
@@ -694,51 +752,65 @@ class ActionStore:
             return None
         changed = OperationRecord.from_row(row)
         await self._record(
-            session, changed, op.state, target, changed.attempts, event_type, actor, reason, detail
+            session,
+            _Change(changed, op.state, target, changed.attempts, event_type, actor, reason, detail),
         )
         if op.state in (State.RUNNING, State.UNKNOWN) and target is not op.state:
             spent_s = max(0, changed.updated_ms - op.updated_ms) / 1000
             metrics.STATE_SECONDS.labels(op.state.value).observe(spent_s)
         return changed
 
-    async def _record(
-        self,
-        session: AsyncSession,
-        op: OperationRecord,
-        from_state: State | None,
-        to: State,
-        attempt: int,
-        event_type: str,
-        actor: str,
-        reason: str,
-        detail: Any = None,
-    ) -> None:
+    async def _record(self, session: AsyncSession, *changes: _Change) -> None:
+        """Audit ``changes`` and add their CloudEvents: one statement each, whatever the count."""
+        at_ms = db_now_ms(_dialect(session))
         await session.execute(
-            insert(audit).values(
-                tenant=op.tenant,
-                op_key=op.key,
-                generation=op.generation,
-                attempt=attempt,
-                from_state=from_state.value if from_state else None,
-                to_state=to.value,
-                at_ms=db_now_ms(_dialect(session)),
-                actor=actor[:128],
-                reason=reason,
-                detail=None if detail is None else canonical_json(detail),
-            )
+            insert(audit).values(at_ms=at_ms),
+            [
+                {
+                    "tenant": change.op.tenant,
+                    "op_key": change.op.key,
+                    "generation": change.op.generation,
+                    "attempt": change.attempt,
+                    "from_state": change.from_state.value if change.from_state else None,
+                    "to_state": change.to.value,
+                    "actor": change.actor[:128],
+                    "reason": change.reason,
+                    "detail": None if change.detail is None else canonical_json(change.detail),
+                }
+                for change in changes
+            ],
         )
-        event = events.transition_event(
-            source=self.source,
-            event_type=event_type,
-            operation=op,
-            attempt=attempt,
-            from_state=from_state,
-            to=to,
-            actor=actor,
-            reason=reason,
+        await self.outbox.add_all_async(
+            session,
+            [
+                events.transition_event(
+                    source=self.source,
+                    event_type=change.event_type,
+                    operation=change.op,
+                    attempt=change.attempt,
+                    from_state=change.from_state,
+                    to=change.to,
+                    actor=change.actor,
+                    reason=change.reason,
+                )
+                for change in changes
+            ],
         )
-        await self.outbox.add_async(session, event)
-        _count_transition(from_state, to, detail)
+        for change in changes:
+            _count_transition(change.from_state, change.to, change.detail)
+
+
+class _Change(NamedTuple):
+    """One state change to audit and publish."""
+
+    op: OperationRecord
+    from_state: State | None
+    to: State
+    attempt: int
+    event_type: str
+    actor: str
+    reason: str
+    detail: Any = None
 
 
 _FINISHED_DECISION = {
@@ -757,7 +829,9 @@ def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
 
 
 def _execute(op: OperationRecord) -> Decision:
-    lease = Lease(op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "")
+    lease = Lease(
+        op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "", op.updated_ms
+    )
     return Decision(DecisionKind.EXECUTE, op, lease)
 
 

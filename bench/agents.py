@@ -22,6 +22,8 @@ from outboxkit.outbox.db import make_async_engine
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from bench.common import postgres_database, report
@@ -42,12 +44,29 @@ def build() -> tuple[Agent[None, str], FunctionModel]:
     return Agent(name="bench", tools=[lookup]), FunctionModel(respond)
 
 
-class Timed:
-    """Time inside and outside the wrapped calls of the durable model and toolset."""
+class RoundTrips:
+    """Counts the database round trips of an engine: each statement, BEGIN and COMMIT."""
 
     def __init__(self) -> None:
+        self.count = 0
+
+    def watch(self, engine: Engine) -> None:
+        for name in ("before_cursor_execute", "begin", "commit"):
+            event.listen(engine, name, self._one)
+
+    def _one(self, *args: Any, **kwargs: Any) -> None:
+        self.count += 1
+
+
+class Timed:
+    """Time inside and outside the wrapped calls of the durable model and toolset, and the
+    round trips each durable tool call makes."""
+
+    def __init__(self, trips: RoundTrips) -> None:
         self.tool: list[float] = []
         self.model: list[float] = []
+        self.tool_trips: list[int] = []
+        self.trips = trips
 
     def install(self) -> None:
         original_request = DurableModel.request
@@ -85,11 +104,13 @@ class Timed:
                     spent[0] += time.perf_counter() - started
 
             toolset.wrapped.call_tool = timed_inner  # type: ignore[method-assign]
+            trips_before = self.trips.count
             started = time.perf_counter()
             try:
                 return await original_call(toolset, *args)
             finally:
                 self.tool.append(time.perf_counter() - started - spent[0])
+                self.tool_trips.append(self.trips.count - trips_before)
                 del toolset.wrapped.call_tool
 
         DurableModel.request = request  # type: ignore[method-assign]
@@ -102,10 +123,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main_async(calls: int) -> None:
-    timed = Timed()
+    trips = RoundTrips()
+    timed = Timed(trips)
     timed.install()
     with postgres_database() as url:
         engine = make_async_engine(url, pool_size=5, max_overflow=0)
+        trips.watch(engine.sync_engine)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         agent, model = build()
         durable = DurableAgent(agent, version=1)
@@ -137,6 +160,7 @@ async def main_async(calls: int) -> None:
     data = {
         "calls": calls,
         "tool_added_ms_p50": pct(timed.tool, 0.5),
+        "tool_round_trips_median": statistics.median(timed.tool_trips),
         "model_added_ms_p50": pct(timed.model, 0.5),
         "bare_run_ms_p50": pct(bare, 0.5),
         "durable_run_ms_p50": pct(durable_runs, 0.5),
@@ -144,6 +168,10 @@ async def main_async(calls: int) -> None:
     }
     report("agents", "pydantic-ai durability on PostgreSQL", ["what", "n", "p50 ms", "p99 ms"],
            rows, data)  # fmt: skip
+    print(
+        f"database round trips per durable tool call (BEGIN, statements, COMMIT): "
+        f"{statistics.median(timed.tool_trips):g} (median of {len(timed.tool_trips)})"
+    )
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
@@ -134,6 +134,28 @@ class Outbox:
             await session.execute(statement, values)
             return True
         return (await session.execute(statement, values)).first() is not None
+
+    async def add_all_async(
+        self, session: AsyncSession, events: Sequence[CloudEvent], *, topic: str | None = None
+    ) -> int:
+        """Add ``events`` (unscheduled) to the async session's transaction in one statement;
+        return how many were written (duplicates of rows still in the table are skipped).
+
+        The rows are written in the order given, so a key's events keep that order. With
+        ``wal_messages=True`` every event is counted (messages are not deduplicated).
+        """
+        if not isinstance(session, AsyncSession):
+            raise TypeError("Outbox.add_all_async takes an AsyncSession")
+        if not events:
+            return 0
+        dialect_name = session.get_bind().dialect.name
+        inserts = [self._insert(dialect_name, event, topic, None, None) for event in events]
+        statement = inserts[0][0]
+        values = [value for _, value in inserts]
+        if statement is EMIT:
+            await session.execute(statement, values)
+            return len(values)
+        return len((await session.execute(statement, values)).all())
 
     def _insert(
         self,

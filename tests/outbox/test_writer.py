@@ -75,6 +75,29 @@ async def test_async_session_writes_in_callers_transaction(db_url: str) -> None:
     assert count_rows(db_url, outbox_events) == 1
 
 
+async def test_add_all_async_writes_in_order_skips_duplicates_and_rolls_back(db_url: str) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    engine = make_async_engine(db_url)
+    outbox = Outbox(default_topic="events")
+    first = [new_event("a.b", "/src", {"n": n}, id=f"e-{n}", partitionkey="k") for n in range(3)]
+    async with AsyncSession(engine) as session, session.begin():
+        assert await outbox.add_all_async(session, first) == 3
+    again = [first[1], new_event("a.b", "/src", {"n": 3}, id="e-3", partitionkey="k")]
+    async with AsyncSession(engine) as session, session.begin():
+        assert await outbox.add_all_async(session, again) == 1  # e-1 is still in the table
+    async with AsyncSession(engine) as session:
+        await session.begin()
+        await outbox.add_all_async(session, [new_event("a.b", "/src", {"n": 4}, id="e-4")])
+        await session.rollback()
+    async with AsyncSession(engine) as session:
+        ids = (
+            await session.execute(select(outbox_events.c.event_id).order_by(outbox_events.c.id))
+        ).scalars()
+        assert list(ids) == ["e-0", "e-1", "e-2", "e-3"]
+    await engine.dispose()
+
+
 def test_same_source_and_id_is_a_no_op_other_source_is_new(db_url: str) -> None:
     engine = make_engine(db_url)
     outbox = Outbox(default_topic="events")
