@@ -34,10 +34,14 @@ async def wait_until_applied(
     await consumer.start()
     await admin.start()
     try:
+        # Asked of the broker: the consumer's metadata cache is empty until its first refresh
+        # (aiokafka bootstraps with no topics), so reading it at once could wait for nothing.
+        described = await admin.describe_topics(list(app.topics))
         partitions = [
-            TopicPartition(topic, p)
-            for topic in app.topics
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
+            TopicPartition(entry["topic"], p["partition"])
+            for entry in described
+            if not entry.get("error_code")
+            for p in sorted(entry["partitions"], key=lambda p: p["partition"])
         ]
         ends = await consumer.end_offsets(partitions) if partitions else {}
         wanted = {tp: end for tp, end in ends.items() if end > 0}
