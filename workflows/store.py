@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
 from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
-from sqlalchemy import String, Table, and_, func, or_, select, text, update
+from sqlalchemy import String, Table, and_, func, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 NOTIFY_CHANNEL = "outboxkit_workflows"
@@ -218,17 +218,24 @@ async def list_instances(
     states: Sequence[str] = (),
     due_before_ms: int | None = None,
     limit: int = 100,
+    tenants: Collection[str] | None = None,
+    before: tuple[int, int] | None = None,
 ) -> list[WorkflowRecord]:
-    """Instances filtered by tenant, name and states, most recently changed first.
+    """Instances filtered by tenant, name and states, most recently changed first (ties: the
+    highest id first); ``tenants``: only those tenants' (``None``: any).
 
-    With ``due_before_ms`` (engine clock): only those whose work fell due before then and is
-    not done yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due
-    first: the stuck ones, when it is now minus a threshold.
+    ``before``: the keyset ``(updated_ms, id)`` of the last instance of the previous page; the
+    page goes on after it (index ``ix_workflow_instances_updated``). With ``due_before_ms``
+    (engine clock): only those whose work fell due before then and is not done yet (runnable
+    past ``run_at_ms``, or waiting past the wait's deadline), oldest due first: the stuck ones,
+    when it is now minus a threshold (one page: ``before`` is not taken).
     """
     table = workflow_instances
     query = select(table).limit(limit)
     if due_before_ms is None:
-        query = query.order_by(table.c.updated_ms.desc())
+        query = query.order_by(table.c.updated_ms.desc(), table.c.id.desc())
+        if before is not None:
+            query = query.where(tuple_(table.c.updated_ms, table.c.id) < tuple_(*before))
     else:
         query = query.where(
             or_(
@@ -241,6 +248,8 @@ async def list_instances(
         ).order_by(func.coalesce(table.c.run_at_ms, table.c.wait_deadline_ms))
     if tenant is not None:
         query = query.where(table.c.tenant == tenant)
+    if tenants is not None:
+        query = query.where(table.c.tenant.in_(sorted(tenants)))
     if name is not None:
         query = query.where(table.c.name == name)
     if states:
