@@ -15,7 +15,7 @@ from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
 from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
-from sqlalchemy import String, Table, and_, func, or_, select, text, tuple_, update
+from sqlalchemy import Select, String, Table, and_, func, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 NOTIFY_CHANNEL = "outboxkit_workflows"
@@ -221,14 +221,39 @@ async def list_instances(
     tenants: Collection[str] | None = None,
     before: tuple[int, int] | None = None,
 ) -> list[WorkflowRecord]:
-    """Instances filtered by tenant, name and states, most recently changed first (ties: the
-    highest id first); ``tenants``: only those tenants' (``None``: any).
+    """Instances filtered by tenant, name and states, most recently changed first; see
+    :func:`instances_query`."""
+    query = instances_query(
+        tenant=tenant,
+        name=name,
+        states=states,
+        due_before_ms=due_before_ms,
+        limit=limit,
+        tenants=tenants,
+        before=before,
+    )
+    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+
+
+def instances_query(
+    *,
+    tenant: str | None = None,
+    name: str | None = None,
+    states: Sequence[str] = (),
+    due_before_ms: int | None = None,
+    limit: int = 100,
+    tenants: Collection[str] | None = None,
+    before: tuple[int, int] | None = None,
+) -> Select[Any]:
+    """The query of :func:`list_instances`: instances filtered by tenant, name and states, most
+    recently changed first (ties: the highest id first); ``tenants``: only those tenants'
+    (``None``: any).
 
     ``before``: the keyset ``(updated_ms, id)`` of the last instance of the previous page; the
-    page goes on after it (index ``ix_workflow_instances_updated``). With ``due_before_ms``
-    (engine clock): only those whose work fell due before then and is not done yet (runnable
-    past ``run_at_ms``, or waiting past the wait's deadline), oldest due first: the stuck ones,
-    when it is now minus a threshold (one page: ``before`` is not taken).
+    page goes on after it, read backwards along ``ix_workflow_instances_updated``. With
+    ``due_before_ms`` (engine clock): only those whose work fell due before then and is not done
+    yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due first:
+    the stuck ones, when it is now minus a threshold (one page: ``before`` is not taken).
     """
     table = workflow_instances
     query = select(table).limit(limit)
@@ -254,7 +279,7 @@ async def list_instances(
         query = query.where(table.c.name == name)
     if states:
         query = query.where(table.c.state.in_(list(states)))
-    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+    return query
 
 
 async def count_by_state(session: AsyncSession) -> dict[tuple[str, str], int]:
