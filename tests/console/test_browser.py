@@ -142,10 +142,24 @@ def test_replaying_a_dead_letter_group_publishes_it_once(
         page.goto(f"{base}/dlq/{dlq}/0/0")
         assert SECRET in page.inner_text("#payload")
         screenshot(page, "dlq-letter-operator")
+        # the other group is discarded: counted first, confirmed with a reason, then hidden
+        page.goto(f"{base}/dlq/{dlq}")
+        other = groups.nth(1).get_attribute("data-fingerprint")
+        page.click(f"#discard-{other}")
+        page.wait_for_selector("#dry-count")
+        assert page.inner_text("#dry-count strong") == "2"
+        screenshot(page, "dlq-discard-dry-run")
+        page.fill("#reason", "orders re-entered by hand")
+        page.click("#confirm")
+        page.wait_for_selector("#outcome")
+        assert "2 discarded" in page.inner_text("#outcome")
+        page.goto(f"{base}/dlq/{dlq}")
+        assert page.inner_text("#matched") == "4"
+        assert "2 discarded letter(s) left out" in page.inner_text("#discarded-note")
         page.goto(f"{base}/audit")
-        assert "dlq.replay" in page.inner_text(
-            "#audit"
-        ) and "limit raised to 100" in page.inner_text("#audit")
+        audit = page.inner_text("#audit")
+        assert "dlq.replay" in audit and "limit raised to 100" in audit
+        assert "dlq.discard" in audit and "orders re-entered by hand" in audit
         screenshot(page, "audit")
     engine = make_engine(pg_url, poolclass=NullPool)
     with engine.connect() as connection:
