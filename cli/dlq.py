@@ -531,95 +531,66 @@ ReasonOption = Annotated[
 ]
 
 
-@dlq_app.command("discard")
-def discard_command(
-    topic: TopicArgument,
-    reason: ReasonOption,
-    types: TypesOption = None,
-    sources: SourcesOption = None,
-    error_classes: ErrorClassesOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    from_offset: FromOffsetOption = None,
-    to_offset: ToOffsetOption = None,
-    partitions: PartitionsOption = None,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; change nothing."),
-    by: str | None = typer.Option(None, "--by", help="Who discards (default: the OS user)."),
-    as_json: bool = JsonOption,
-    db_url: str | None = DbUrlOption,
-    bootstrap: str | None = BootstrapOption,
-    security_protocol: str | None = SecurityProtocolOption,
-    sasl_mechanism: str | None = SaslMechanismOption,
-    sasl_username: str | None = SaslUsernameOption,
-    ssl_cafile: Path | None = SslCafileOption,
-    ssl_certfile: Path | None = SslCertfileOption,
-    ssl_keyfile: Path | None = SslKeyfileOption,
-    timeout: float = TimeoutOption,
-) -> None:
-    """Set matching letters aside with a reason: no longer listed or replayed, still in Kafka
-    (dlq show reads them; dlq list --include-discarded lists them)."""
-    _discard(
-        topic,
-        _filter(types, sources, error_classes, since, until, from_offset, to_offset, partitions),
-        DiscardOptions(by=by or os_user(), reason=reason, dry_run=dry_run),
-        as_json,
-        db_url,
-        kafka_from(
-            bootstrap,
-            security_protocol,
-            sasl_mechanism,
-            sasl_username,
-            ssl_cafile,
-            ssl_certfile,
-            ssl_keyfile,
+def _discard_command(undo: bool) -> Callable[..., None]:
+    """The ``dlq discard`` command, or with ``undo`` ``dlq undiscard`` (the same options)."""
+
+    def command(
+        topic: TopicArgument,
+        reason: ReasonOption,
+        types: TypesOption = None,
+        sources: SourcesOption = None,
+        error_classes: ErrorClassesOption = None,
+        since: SinceOption = None,
+        until: UntilOption = None,
+        from_offset: FromOffsetOption = None,
+        to_offset: ToOffsetOption = None,
+        partitions: PartitionsOption = None,
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Count the letters it would change; change nothing."
         ),
-        timeout,
+        by: str | None = typer.Option(None, "--by", help="Who (default: the OS user)."),
+        as_json: bool = JsonOption,
+        db_url: str | None = DbUrlOption,
+        bootstrap: str | None = BootstrapOption,
+        security_protocol: str | None = SecurityProtocolOption,
+        sasl_mechanism: str | None = SaslMechanismOption,
+        sasl_username: str | None = SaslUsernameOption,
+        ssl_cafile: Path | None = SslCafileOption,
+        ssl_certfile: Path | None = SslCertfileOption,
+        ssl_keyfile: Path | None = SslKeyfileOption,
+        timeout: float = TimeoutOption,
+    ) -> None:
+        _discard(
+            topic,
+            _filter(
+                types, sources, error_classes, since, until, from_offset, to_offset, partitions
+            ),
+            DiscardOptions(by=by or os_user(), reason=reason, dry_run=dry_run, undo=undo),
+            as_json,
+            db_url,
+            kafka_from(
+                bootstrap,
+                security_protocol,
+                sasl_mechanism,
+                sasl_username,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+            ),
+            timeout,
+        )
+
+    command.__doc__ = (
+        "Bring discarded letters back: listed and replayable again."
+        if undo
+        else "Set matching letters aside with a reason: no longer listed or replayed, still in "
+        "Kafka (dlq show reads them; dlq list --include-discarded lists them)."
     )
+    return command
 
 
-@dlq_app.command("undiscard")
-def undiscard_command(
-    topic: TopicArgument,
-    reason: ReasonOption,
-    types: TypesOption = None,
-    sources: SourcesOption = None,
-    error_classes: ErrorClassesOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    from_offset: FromOffsetOption = None,
-    to_offset: ToOffsetOption = None,
-    partitions: PartitionsOption = None,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would come back."),
-    by: str | None = typer.Option(None, "--by", help="Who (default: the OS user)."),
-    as_json: bool = JsonOption,
-    db_url: str | None = DbUrlOption,
-    bootstrap: str | None = BootstrapOption,
-    security_protocol: str | None = SecurityProtocolOption,
-    sasl_mechanism: str | None = SaslMechanismOption,
-    sasl_username: str | None = SaslUsernameOption,
-    ssl_cafile: Path | None = SslCafileOption,
-    ssl_certfile: Path | None = SslCertfileOption,
-    ssl_keyfile: Path | None = SslKeyfileOption,
-    timeout: float = TimeoutOption,
-) -> None:
-    """Bring discarded letters back: listed and replayable again."""
-    _discard(
-        topic,
-        _filter(types, sources, error_classes, since, until, from_offset, to_offset, partitions),
-        DiscardOptions(by=by or os_user(), reason=reason, dry_run=dry_run, undo=True),
-        as_json,
-        db_url,
-        kafka_from(
-            bootstrap,
-            security_protocol,
-            sasl_mechanism,
-            sasl_username,
-            ssl_cafile,
-            ssl_certfile,
-            ssl_keyfile,
-        ),
-        timeout,
-    )
+dlq_app.command("discard")(_discard_command(undo=False))
+dlq_app.command("undiscard")(_discard_command(undo=True))
 
 
 def _discard(

@@ -184,6 +184,19 @@ def text_of(form: FormData | Any, name: str) -> str | None:
     return text or None
 
 
+def keyset_of(form: FormData | Any, name: str) -> tuple[int, int] | None:
+    """A keyset field ``VALUE.ID`` as two integers (400 when it is not one), ``None`` when
+    absent."""
+    text = text_of(form, name)
+    if text is None:
+        return None
+    first, _, second = text.partition(".")
+    try:
+        return int(first), int(second)
+    except ValueError:
+        raise HTTPException(400, f"{name} is VALUE.ID") from None
+
+
 def int_of(form: FormData | Any, name: str) -> int | None:
     """A form or query field as an integer (400 when it is not one)."""
     text = text_of(form, name)

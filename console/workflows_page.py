@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from outboxkit.console.context import (
     console_of,
+    keyset_of,
     reason_of,
     require_tenant,
     tenants_of,
@@ -33,16 +34,6 @@ def _stuck_ms(text: str | None) -> int | None:
     return int(number) * units[unit]
 
 
-def _before(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    first, _, second = text.partition(".")
-    try:
-        return int(first), int(second)
-    except ValueError:
-        raise HTTPException(400, "before is UPDATED_MS.ID") from None
-
-
 async def list_page(request: Request) -> Response:
     """Instances, most recently changed first, paged by keyset on ``(updated_ms, id)`` (stuck
     ones: oldest due first, one page)."""
@@ -63,7 +54,7 @@ async def list_page(request: Request) -> Response:
             stuck_after_ms=_stuck_ms(stuck_after),
             limit=size,
             tenants=allowed,
-            before=_before(text_of(query, "before")),
+            before=keyset_of(query, "before"),
         )
     rows = [ops.summary(record, now) for record in records]
     last = records[-1] if len(records) == size and stuck_after is None else None

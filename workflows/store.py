@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
@@ -210,28 +210,24 @@ async def notify(session: AsyncSession, payload: str) -> None:
         )
 
 
+class InstanceFilter(TypedDict, total=False):
+    """The filters of :func:`list_instances` and :func:`instances_query`."""
+
+    tenant: str | None
+    name: str | None
+    states: Sequence[str]
+    due_before_ms: int | None
+    limit: int
+    tenants: Collection[str] | None
+    before: tuple[int, int] | None
+
+
 async def list_instances(
-    session: AsyncSession,
-    *,
-    tenant: str | None = None,
-    name: str | None = None,
-    states: Sequence[str] = (),
-    due_before_ms: int | None = None,
-    limit: int = 100,
-    tenants: Collection[str] | None = None,
-    before: tuple[int, int] | None = None,
+    session: AsyncSession, **filters: Unpack[InstanceFilter]
 ) -> list[WorkflowRecord]:
     """Instances filtered by tenant, name and states, most recently changed first; see
     :func:`instances_query`."""
-    query = instances_query(
-        tenant=tenant,
-        name=name,
-        states=states,
-        due_before_ms=due_before_ms,
-        limit=limit,
-        tenants=tenants,
-        before=before,
-    )
+    query = instances_query(**filters)
     return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
 
 
