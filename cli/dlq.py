@@ -229,7 +229,9 @@ def list_command(
     else:
         _print_records(console, topic, matched, shown, marked)
     if checked and not include_discarded and discarded:
-        console.print(f"discarded letters left out: {len(discarded)} (--include-discarded)")
+        console.print(
+            f"the topic has {len(discarded)} discarded letter(s), not listed (--include-discarded)"
+        )
 
 
 async def _discards(db_url: str, topic: str, timeout: float) -> set[Key]:

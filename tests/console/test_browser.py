@@ -155,7 +155,7 @@ def test_replaying_a_dead_letter_group_publishes_it_once(
         assert "2 discarded" in page.inner_text("#outcome")
         page.goto(f"{base}/dlq/{dlq}")
         assert page.inner_text("#matched") == "4"
-        assert "2 discarded letter(s) left out" in page.inner_text("#discarded-note")
+        assert "2 discarded letter(s) in this topic, left out" in page.inner_text("#discarded-note")
         page.goto(f"{base}/audit")
         audit = page.inner_text("#audit")
         assert "dlq.replay" in audit and "limit raised to 100" in audit
