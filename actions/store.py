@@ -13,6 +13,7 @@ import math
 import os
 import socket
 import uuid
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from outboxkit.actions import events, metrics
@@ -679,13 +680,17 @@ class ActionStore:
         older_than_s: float | None = None,
         needs_attention: bool | None = None,
         limit: int = 100,
+        tenants: Collection[str] | None = None,
     ) -> list[OperationRecord]:
         """Operations filtered by tenant, state, age of the last state change (at least
-        ``older_than_s`` seconds ago, database clock) and flag."""
+        ``older_than_s`` seconds ago, database clock) and flag; ``tenants``: only those tenants'
+        (``None``: any)."""
         now = db_now_ms(_dialect(session))
         query = select(ops).order_by(ops.c.updated_ms, ops.c.id).limit(limit)
         if tenant is not None:
             query = query.where(ops.c.tenant == check_tenant(tenant))
+        if tenants is not None:
+            query = query.where(ops.c.tenant.in_(sorted(tenants)))
         if state is not None:
             query = query.where(ops.c.state == State(state).value)
         if older_than_s is not None:

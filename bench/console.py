@@ -6,7 +6,8 @@ human_review), ``--actions`` agent operations (10 % UNKNOWN), ``--audit`` audit 
 inbox rows (one per pending row), with INSERT ... SELECT over generate_series (set-up, not
 measured), then ANALYZEd. ``--dead-letters`` records go to a dead-letter topic. The console is
 served by uvicorn in this process; each page is fetched ``--repeat`` times over HTTP by a
-signed-in client, and the wall time of each response is recorded.
+signed-in client, and the wall time of each response is recorded. Every fifth dead letter (one
+cause) is discarded, as ``dlq discard`` records it, so the lists leave them out.
 
     python -m bench.console [--outbox 1000000] [--workflows 100000] [--actions 100000]
         [--dead-letters 10000] [--repeat 20]
@@ -35,7 +36,8 @@ from tests.support.consumers import binary_record
 TARGET_P95_MS = 300.0
 
 
-def fill(url: str, outbox: int, workflows: int, actions: int, audit: int) -> None:
+def fill(url: str, outbox: int, workflows: int, actions: int, audit: int) -> int:
+    """Fill the tables; the epoch ms their times are counted from."""
     now = int(time.time() * 1000)
     statements = [
         # published 80 %, pending 10 %, parked 5 %, scheduled 5 %, by the row's number
@@ -81,6 +83,22 @@ def fill(url: str, outbox: int, workflows: int, actions: int, audit: int) -> Non
         what = [*statement.split(), "", "", ""][2] or statement
         print(f"  {what:<20} {time.monotonic() - began:6.1f} s")
     engine.dispose()
+    return now
+
+
+def discard_a_fifth(url: str, dlq: str, count: int) -> None:
+    """Discard the letters of one cause (every fifth), as ``dlq discard`` records them."""
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO dlq_discards (dlq_topic, dlq_partition, dlq_offset, discarded_ms, "
+                "discarded_by, reason, discard_id) SELECT :topic, 0, g, 0, 'otto', 'bench', "
+                "'bench' FROM generate_series(0, :last, 5) AS g"
+            ),
+            {"topic": dlq, "last": count - 1},
+        )
+    engine.dispose()
 
 
 async def dead_letters(bootstrap: str, topic: str, count: int) -> None:
@@ -115,14 +133,16 @@ def main() -> None:
     topic = f"bench-console-{uuid.uuid4().hex[:8]}"
     with kafka() as bootstrap, postgres_database() as url:
         print("filling the database")
-        fill(url, args.outbox, args.workflows, args.actions, args.audit)
+        now = fill(url, args.outbox, args.workflows, args.actions, args.audit)
         print(f"producing {args.dead_letters} dead letters")
         asyncio.run(dead_letters(bootstrap, topic, args.dead_letters))
         dlq = f"{topic}.dlq"
+        discard_a_fifth(url, dlq, args.dead_letters)
         config = ConsoleConfig(
             db_url=url, kafka=KafkaSettings(bootstrap=bootstrap), tokens=TOKENS, dlq_topics=(dlq,)
         )
         middle = args.outbox // 2
+        wf_middle = args.workflows // 2  # its id is its number: updated_ms is now - number
         pages = {
             "overview": "/",
             "overview (live part)": "/overview/live",
@@ -132,10 +152,13 @@ def main() -> None:
             "outbox parked, one topic": "/outbox?which=parked&topic=topic-18",
             "outbox scheduled": "/outbox?which=scheduled",
             "dead-letter topics": "/dlq",
-            f"dead letters grouped ({args.dead_letters})": f"/dlq/{dlq}",
-            "dead letter": f"/dlq/{dlq}/0/{args.dead_letters // 2}",
+            f"dead letters grouped ({args.dead_letters}, a fifth discarded)": f"/dlq/{dlq}",
+            "dead letters, the discarded included": f"/dlq/{dlq}?include_discarded=1",
+            "dead letter": f"/dlq/{dlq}/0/{args.dead_letters // 2 + 1}",
+            "dead letter, discarded": f"/dlq/{dlq}/0/{args.dead_letters // 2 // 5 * 5}",
             "actions UNKNOWN": "/actions",
             "workflows": "/workflows",
+            "workflows, a page at the middle": f"/workflows?before={now - wf_middle}.{wf_middle}",
             "workflows in human_review": "/workflows?state=human_review",
             "workflow instance": f"/workflows/t0/wf-{args.workflows // 2 // 10 * 10}",
             "inbox look-up": f"/inbox?source=/bench&id=e-{args.outbox // 20}",

@@ -2,8 +2,12 @@
 
 It binds 127.0.0.1 unless told otherwise, and lets no one in without a token (``--tokens-file``
 or ``OUTBOXKIT_CONSOLE_TOKENS``: ``TOKEN ROLE NAME`` lines) unless ``--insecure-no-auth``,
-which only a loopback address accepts. Workflow decisions go through ``--app MODULE:ENGINE``
-(as ``outboxkit workflows resume``); without it the workflow pages only read.
+which only a loopback address accepts. Behind a reverse proxy, ``--proxy-header`` names the
+header that carries the user, believed only from ``--trusted-proxy`` addresses, with the role
+from ``--proxy-role-header`` or ``--proxy-users``. A token line or a users line ending in
+``tenants=a,b`` limits that principal to those tenants. Workflow decisions go through
+``--app MODULE:ENGINE`` (as ``outboxkit workflows resume``); without it the workflow pages only
+read.
 """
 
 from __future__ import annotations
@@ -45,6 +49,20 @@ def console(
     insecure_no_auth: bool = typer.Option(
         False, "--insecure-no-auth", help="Let anyone in as an operator (loopback only)."
     ),
+    proxy_header: str | None = typer.Option(
+        None, "--proxy-header", help="Header a trusted reverse proxy names the user in."
+    ),
+    proxy_role_header: str | None = typer.Option(
+        None, "--proxy-role-header", help="Header the proxy gives the role in (viewer|operator)."
+    ),
+    proxy_users: Path | None = typer.Option(  # noqa: B008 - typer reads the default
+        None, "--proxy-users", help="Lines USER ROLE [tenants=a,b] for proxy-named users."
+    ),
+    trusted_proxies: list[str] | None = typer.Option(  # noqa: B008 - typer reads the default
+        None,
+        "--trusted-proxy",
+        help="Address or CIDR the proxy header is believed from (repeatable).",
+    ),
     app: str | None = typer.Option(
         None,
         "--app",
@@ -76,7 +94,7 @@ def console(
     try:
         import uvicorn
         from outboxkit.console import ConsoleConfig, Tokens, create_app
-        from outboxkit.console.security import is_loopback
+        from outboxkit.console.security import ProxyIdentity, is_loopback
     except ImportError as error:
         raise CliError(
             f"the console needs the 'console' extra (pip install 'outboxkit[console]'): {error}"
@@ -84,12 +102,22 @@ def console(
     from outboxkit.actions.events import DEFAULT_TOPIC
 
     tokens = Tokens.load(tokens_file, os.environ.get(TOKENS_VARIABLE))
+    proxy = None
+    if proxy_header is not None:
+        proxy = ProxyIdentity(
+            header=proxy_header,
+            trusted=ProxyIdentity.networks(trusted_proxies or ()),
+            role_header=proxy_role_header,
+            users=ProxyIdentity.load_users(proxy_users) if proxy_users is not None else {},
+        )
+    elif proxy_role_header or proxy_users or trusted_proxies:
+        raise CliError("--proxy-role-header, --proxy-users and --trusted-proxy need --proxy-header")
     if insecure_no_auth and not is_loopback(host):
         raise CliError(f"--insecure-no-auth serves a loopback address only, not {host}")
-    if not insecure_no_auth and not tokens.by_digest:
+    if not insecure_no_auth and not tokens.by_digest and proxy is None:
         raise CliError(
-            f"no tokens: give --tokens-file or {TOKENS_VARIABLE} (or --insecure-no-auth on "
-            "loopback)"
+            f"no tokens: give --tokens-file or {TOKENS_VARIABLE}, or --proxy-header (or "
+            "--insecure-no-auth on loopback)"
         )
     settings = settings_from(db_url)
     kafka = kafka_from(
@@ -111,6 +139,7 @@ def console(
         db_url=settings.db_url,
         kafka=kafka,
         tokens=tokens,
+        proxy=proxy,
         insecure_no_auth=insecure_no_auth,
         dlq_topics=tuple(dlq_topics or ()),
         groups=tuple(groups or ()),

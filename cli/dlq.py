@@ -1,4 +1,4 @@
-"""``outboxkit dlq``: list, group, show and replay dead-letter records.
+"""``outboxkit dlq``: list, group, show, replay and discard dead-letter records.
 
 ``show`` prints a record's payload on purpose
 (it is an inspection tool); nothing here logs one.
@@ -35,11 +35,19 @@ from outboxkit.cli.options import (
 )
 from outboxkit.consumers.dlq_headers import header_texts
 from outboxkit.ops.access import database_bounded, ops_engine, quiet_kafka_logs, require_tables
+from outboxkit.ops.dlq.discard import (
+    DiscardOptions,
+    DiscardSummary,
+    Key,
+    discard,
+    discarded_keys,
+    visible,
+)
 from outboxkit.ops.dlq.grouping import FailureGroup, FailureGroups
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
 from outboxkit.ops.dlq.rendering import header_value, int_or_none, render_data, shown_header
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary, Truncated
-from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.dlq.tables import dlq_discards, dlq_replays
 from outboxkit.ops.formatting import format_ms, ops_console, os_user
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from rich.console import Console
@@ -48,7 +56,8 @@ from rich.table import Table
 from rich.text import Text
 
 dlq_app = typer.Typer(
-    help="Dead-letter topics: list, group, show and replay records.", no_args_is_help=True
+    help="Dead-letter topics: list, group, show, replay and discard records.",
+    no_args_is_help=True,
 )
 
 T = TypeVar("T")
@@ -147,7 +156,11 @@ def list_command(
         False, "--group", help="Count failures per cause (error class and message pattern)."
     ),
     limit: int = typer.Option(1000, "--limit", min=1, help="Records listed at most."),
+    include_discarded: bool = typer.Option(
+        False, "--include-discarded", help="List discarded letters too (marked)."
+    ),
     as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
     security_protocol: str | None = SecurityProtocolOption,
     sasl_mechanism: str | None = SaslMechanismOption,
@@ -157,22 +170,30 @@ def list_command(
     ssl_keyfile: Path | None = SslKeyfileOption,
     timeout: float = TimeoutOption,
 ) -> None:
-    """List dead-letter records, or with --group count them per failure cause."""
+    """List dead-letter records, or with --group count them per failure cause.
+
+    With a database (--db-url, OUTBOXKIT_DB_URL or the config file), discarded letters are left
+    out unless --include-discarded; without one, discards are not known and every letter is
+    listed."""
     wanted = _filter(
         types, sources, error_classes, since, until, from_offset, to_offset, partitions
     )
+    settings = settings_from(db_url)
+    checked = "db_url" in settings.model_fields_set
 
-    async def collect(reader: DlqReader) -> tuple[int, list[DlqRecord], FailureGroups]:
+    async def collect(reader: DlqReader) -> tuple[int, list[DlqRecord], FailureGroups, set[Key]]:
+        discarded = await _discards(settings.db_url, topic, timeout) if checked else set()
         matched, shown, groups = 0, list[DlqRecord](), FailureGroups()
-        async for record in reader.read(topic, wanted):
+        records = reader.read(topic, wanted)
+        async for record in records if include_discarded else visible(records, discarded):
             matched += 1
             if group:
                 groups.add(record)
             elif len(shown) < limit:
                 shown.append(record)
-        return matched, shown, groups
+        return matched, shown, groups, discarded
 
-    matched, shown, groups = _run(
+    matched, shown, groups, discarded = _run(
         _Connection(
             kafka_from(
                 bootstrap,
@@ -188,30 +209,55 @@ def list_command(
         collect,
     )
     ordered = groups.ordered()
+    marked = discarded if include_discarded else set()
     if as_json:
         document: dict[str, Any] = {"topic": topic, "matched": matched}
+        document["discards_checked"] = checked
         if group:
             document["groups"] = [g.to_json() for g in ordered]
         else:
             document["shown"] = len(shown)
-            document["records"] = [record.to_json() for record in shown]
+            document["records"] = [
+                {**record.to_json(), "discarded": (record.partition, record.offset) in marked}
+                for record in shown
+            ]
         typer.echo(json.dumps(document, indent=2))
         return
     console = ops_console()
     if group:
         _print_groups(console, topic, matched, ordered)
     else:
-        _print_records(console, topic, matched, shown)
+        _print_records(console, topic, matched, shown, marked)
+    if checked and not include_discarded and discarded:
+        console.print(
+            f"the topic has {len(discarded)} discarded letter(s), not listed (--include-discarded)"
+        )
 
 
-def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRecord]) -> None:
+async def _discards(db_url: str, topic: str, timeout: float) -> set[Key]:
+    """The discarded letters of ``topic``, read from ``db_url``."""
+    engine = ops_engine(db_url, timeout)
+    try:
+        async with database_bounded(engine, timeout):
+            await require_tables(engine, [dlq_discards.name])
+            return await discarded_keys(engine, topic)
+    finally:
+        await engine.dispose()
+
+
+def _print_records(
+    console: Console, topic: str, matched: int, shown: list[DlqRecord], marked: set[Key]
+) -> None:
     if not matched:
         console.print(f"{topic}: no matching dead-letter records")
         return
     table = Table(title=Text(f"{topic}: {matched} matching dead-letter record(s)"))
     for name in ("P", "OFFSET", "TIME", "TYPE", "SOURCE", "ID", "ERROR CLASS", "ATTEMPTS"):
         table.add_column(name, justify="right" if name in ("P", "OFFSET", "ATTEMPTS") else "left")
+    if marked:
+        table.add_column("DISCARDED")
     for record in shown:
+        flag = ["yes" if (record.partition, record.offset) in marked else ""] if marked else []
         table.add_row(
             *map(
                 _cell,
@@ -224,6 +270,7 @@ def _print_records(console: Console, topic: str, matched: int, shown: list[DlqRe
                     record.id,
                     record.letter.error_class,
                     record.letter.attempts,
+                    *flag,
                 ),
             )
         )
@@ -391,7 +438,7 @@ def replay_command(
     async def replay(reader: DlqReader) -> ReplaySummary:
         try:
             async with database_bounded(engine, timeout):
-                await require_tables(engine, [dlq_replays.name])
+                await require_tables(engine, [dlq_replays.name, dlq_discards.name])
                 replayer = Replayer(reader, engine)
                 with progress:
                     return await replayer.run(topic, wanted, options, progress.update)
@@ -470,6 +517,7 @@ def _print_summary(console: Console, summary: ReplaySummary) -> None:
         f"{'dry run' if summary.dry_run else f'replay {summary.replay_id}'} by {summary.by}: "
         f"{summary.matched} matched, {summary.replayed} {verb}, "
         f"{summary.already_replayed} skipped as already replayed, "
+        f"{summary.discarded} skipped as discarded, "
         f"{summary.no_target} without an original topic"
     )
     for target, count in sorted(summary.by_target.items()):
@@ -478,6 +526,109 @@ def _print_summary(console: Console, summary: ReplaySummary) -> None:
         console.print("nothing was published (--dry-run)")
     elif summary.already_replayed:
         console.print("records replayed before were skipped; --force republishes them")
+
+
+ReasonOption = Annotated[
+    str, typer.Option("--reason", help="Why (required; kept with each letter).")
+]
+
+
+def _discard_command(undo: bool) -> Callable[..., None]:
+    """The ``dlq discard`` command, or with ``undo`` ``dlq undiscard`` (the same options)."""
+
+    def command(
+        topic: TopicArgument,
+        reason: ReasonOption,
+        types: TypesOption = None,
+        sources: SourcesOption = None,
+        error_classes: ErrorClassesOption = None,
+        since: SinceOption = None,
+        until: UntilOption = None,
+        from_offset: FromOffsetOption = None,
+        to_offset: ToOffsetOption = None,
+        partitions: PartitionsOption = None,
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Count the letters it would change; change nothing."
+        ),
+        by: str | None = typer.Option(None, "--by", help="Who (default: the OS user)."),
+        as_json: bool = JsonOption,
+        db_url: str | None = DbUrlOption,
+        bootstrap: str | None = BootstrapOption,
+        security_protocol: str | None = SecurityProtocolOption,
+        sasl_mechanism: str | None = SaslMechanismOption,
+        sasl_username: str | None = SaslUsernameOption,
+        ssl_cafile: Path | None = SslCafileOption,
+        ssl_certfile: Path | None = SslCertfileOption,
+        ssl_keyfile: Path | None = SslKeyfileOption,
+        timeout: float = TimeoutOption,
+    ) -> None:
+        _discard(
+            topic,
+            _filter(
+                types, sources, error_classes, since, until, from_offset, to_offset, partitions
+            ),
+            DiscardOptions(by=by or os_user(), reason=reason, dry_run=dry_run, undo=undo),
+            as_json,
+            db_url,
+            kafka_from(
+                bootstrap,
+                security_protocol,
+                sasl_mechanism,
+                sasl_username,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+            ),
+            timeout,
+        )
+
+    command.__doc__ = (
+        "Bring discarded letters back: listed and replayable again."
+        if undo
+        else "Set matching letters aside with a reason: no longer listed or replayed, still in "
+        "Kafka (dlq show reads them; dlq list --include-discarded lists them)."
+    )
+    return command
+
+
+dlq_app.command("discard")(_discard_command(undo=False))
+dlq_app.command("undiscard")(_discard_command(undo=True))
+
+
+def _discard(
+    topic: str,
+    wanted: DlqFilter,
+    options: DiscardOptions,
+    as_json: bool,
+    db_url: str | None,
+    kafka: KafkaSettings,
+    timeout: float,
+) -> None:
+    engine = ops_engine(settings_from(db_url).db_url, timeout)
+
+    async def work(reader: DlqReader) -> DiscardSummary:
+        try:
+            async with database_bounded(engine, timeout):
+                await require_tables(engine, [dlq_discards.name])
+                return await discard(reader, engine, topic, wanted, options)
+        finally:
+            await engine.dispose()
+
+    summary = _run(_Connection(kafka, timeout), work)
+    if as_json:
+        typer.echo(json.dumps(summary.to_json(), indent=2))
+        return
+    console = ops_console()
+    verb = "restore" if summary.undo else "discard"
+    done = f"would {verb}" if summary.dry_run else ("restored" if summary.undo else "discarded")
+    same = "not discarded" if summary.undo else "already discarded"
+    head = "dry run" if summary.dry_run else f"{verb} {summary.discard_id}"
+    console.print(
+        f"{head} by {summary.by}: {summary.matched} matched, {summary.changed} {done}, "
+        f"{summary.unchanged} {same}"
+    )
+    if summary.dry_run:
+        console.print("nothing was changed (--dry-run)")
 
 
 dlq_app.add_typer(sequences_app, name="sequences")

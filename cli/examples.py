@@ -22,6 +22,10 @@ EXAMPLES: dict[str, str] = {
     "dlq list": "outboxkit dlq list orders.dlq --group --since 2h",
     "dlq show": "outboxkit dlq show orders.dlq 42 --partition 0",
     "dlq replay": "outboxkit dlq replay orders.dlq --error-class TimeoutError --dry-run",
+    "dlq discard": "outboxkit dlq discard orders.dlq --error-class TimeoutError "
+    "--reason 're-entered by hand' --dry-run",
+    "dlq undiscard": "outboxkit dlq undiscard orders.dlq --partition 0 --from-offset 4 "
+    "--to-offset 4 --reason 'replay it after all'",
     "dlq sequences list": "outboxkit dlq sequences list --consumer billing --json",
     "dlq sequences show": "outboxkit dlq sequences show --consumer billing --topic orders "
     "--key order-7",

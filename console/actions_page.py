@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from outboxkit.actions.errors import ActionError
 from outboxkit.actions.records import Resolution
-from outboxkit.console.context import console_of, reason_of, text_of
+from outboxkit.console.context import (
+    console_of,
+    reason_of,
+    require_tenant,
+    tenants_of,
+    text_of,
+)
 from outboxkit.ops.actions import resolve_operation, resolving_store, unknown_queue
 from outboxkit.outbox.clock import read_db_now_ms
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -19,11 +25,13 @@ RESOLUTIONS = {"succeeded": Resolution.SUCCEEDED, "failed": Resolution.FAILED}
 
 
 async def queue_page(request: Request) -> Response:
-    """The UNKNOWN operations."""
+    """The UNKNOWN operations (of the principal's tenants)."""
     console = console_of(request)
-    tenant = text_of(request.query_params, "tenant")
+    tenant, allowed = tenants_of(request, text_of(request.query_params, "tenant"))
     async with AsyncSession(console.engine) as session:
-        operations = await unknown_queue(session, tenant=tenant, limit=console.config.page_size)
+        operations = await unknown_queue(
+            session, tenant=tenant, limit=console.config.page_size, tenants=allowed
+        )
         now = await read_db_now_ms(session)
     return console.render(request, "actions.html", operations=operations, now=now, tenant=tenant)
 
@@ -36,6 +44,7 @@ async def resolve_action(request: Request) -> Response:
     resolution = RESOLUTIONS.get(text_of(form, "resolution") or "")
     if tenant is None or key is None or resolution is None:
         raise HTTPException(400, "give the tenant, the key and succeeded or failed")
+    require_tenant(request, tenant)
     reason = reason_of(form)
     try:
         store = resolving_store(console.config.actions_topic)

@@ -21,6 +21,7 @@ from outboxkit.console.security import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
     Principal,
+    ProxyRefusal,
     csrf_matches,
     login_token,
 )
@@ -36,6 +37,9 @@ from starlette.staticfiles import StaticFiles
 
 OPEN_PATHS = ("/login", "/static/", "/favicon.ico")
 ANONYMOUS = Principal("anonymous", "operator")
+TENANT_PATHS = ("/actions", "/workflows")
+"""What a principal limited to tenants may open: the pages of things that carry a tenant.
+Outbox rows, dead letters, inbox entries and the audit trail carry none, so they stay closed."""
 
 
 class Guard(BaseHTTPMiddleware):
@@ -62,6 +66,15 @@ class Guard(BaseHTTPMiddleware):
         session_id = request.cookies.get(SESSION_COOKIE)
         session = console.sessions.get(session_id)
         fresh: str | None = None
+        proxy = console.config.proxy
+        if proxy is not None:
+            peer = request.client.host if request.client is not None else None
+            try:
+                named = proxy.identify(peer, request.headers)
+            except ProxyRefusal as refusal:
+                return HTMLResponse(str(refusal), status_code=403)
+            if named is not None and (session is None or session.principal != named):
+                fresh, session = console.sessions.open(named)
         if session is None and console.config.insecure_no_auth:
             fresh, session = console.sessions.open(ANONYMOUS)
         if session is None:
@@ -70,7 +83,19 @@ class Guard(BaseHTTPMiddleware):
             return HTMLResponse("sign in first", status_code=403)
         request.state.session = session
         request.state.principal = session.principal
-        response = await call_next(request)
+        if session.principal.limited and not path.startswith((*TENANT_PATHS, "/logout")):
+            if path == "/" and request.method in ("GET", "HEAD"):
+                response: Response = RedirectResponse("/actions", status_code=303)
+            else:
+                response = console.render(
+                    request,
+                    "error.html",
+                    status_code=403,
+                    message=f"{session.principal.name} is limited to tenants: only agent "
+                    "actions and workflows carry a tenant",
+                )
+        else:
+            response = await call_next(request)
         if fresh is not None:
             _set_session_cookie(console, response, fresh)
         return response

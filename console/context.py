@@ -12,7 +12,14 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from outboxkit.actions.events import DEFAULT_TOPIC
 from outboxkit.console import audit
-from outboxkit.console.security import CSRF_FIELD, Principal, Sessions, Tokens, csrf_matches
+from outboxkit.console.security import (
+    CSRF_FIELD,
+    Principal,
+    ProxyIdentity,
+    Sessions,
+    Tokens,
+    csrf_matches,
+)
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S
 from outboxkit.ops.formatting import format_age, format_ms
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -33,12 +40,14 @@ class ConsoleConfig:
 
     ``workflow_engine`` builds the application's engine (``--app``), for the workflow decisions;
     ``None``: the workflow pages only read. ``insecure_no_auth`` lets anyone in as an operator
-    (the CLI allows it on a loopback address only).
+    (the CLI allows it on a loopback address only). ``proxy``: identity from a trusted reverse
+    proxy's header, beside the tokens.
     """
 
     db_url: str
     kafka: KafkaSettings
     tokens: Tokens = field(default_factory=Tokens)
+    proxy: ProxyIdentity | None = None
     insecure_no_auth: bool = False
     dlq_topics: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
@@ -144,6 +153,22 @@ def console_of(request: Request) -> Console:
     return console
 
 
+def require_tenant(request: Request, tenant: str) -> None:
+    """403 unless the signed-in principal may see and act on ``tenant``."""
+    principal: Principal = request.state.principal
+    if not principal.allows(tenant):
+        raise HTTPException(403, f"{principal.name} is not allowed tenant {tenant!r}")
+
+
+def tenants_of(request: Request, asked: str | None) -> tuple[str | None, frozenset[str] | None]:
+    """The tenant a list is filtered to (``asked``, 403 when not allowed) and the tenants the
+    principal is limited to (``None``: all)."""
+    if asked is not None:
+        require_tenant(request, asked)
+    principal: Principal = request.state.principal
+    return asked, principal.tenants
+
+
 def reason_of(form: FormData) -> str:
     """The form's ``reason``, required for every action (400 without one)."""
     reason = str(form.get("reason") or "").strip()
@@ -157,6 +182,19 @@ def text_of(form: FormData | Any, name: str) -> str | None:
     value = form.get(name)
     text = str(value).strip() if value is not None else ""
     return text or None
+
+
+def keyset_of(form: FormData | Any, name: str) -> tuple[int, int] | None:
+    """A keyset field ``VALUE.ID`` as two integers (400 when it is not one), ``None`` when
+    absent."""
+    text = text_of(form, name)
+    if text is None:
+        return None
+    first, _, second = text.partition(".")
+    try:
+        return int(first), int(second)
+    except ValueError:
+        raise HTTPException(400, f"{name} is VALUE.ID") from None
 
 
 def int_of(form: FormData | Any, name: str) -> int | None:

@@ -1,6 +1,9 @@
 """Dead letters: topics, failure groups (cause, type, original topic, hour), one letter, and
 replay of a letter, a group or a filter: a dry run counts first, the replay goes through
 :class:`outboxkit.ops.dlq.replay.Replayer` and its ledger exactly as ``outboxkit dlq replay``.
+Discard (and un-discard) of a letter, a group or a filter, likewise counted first and confirmed
+with a reason, goes through :func:`outboxkit.ops.dlq.discard.discard` as ``outboxkit dlq
+discard``; discarded letters are left out of the lists unless ``include_discarded`` is asked.
 
 A letter's payload is shown to operators only (viewers see its size); headers and the error are
 shown to both.
@@ -14,11 +17,18 @@ from typing import Any
 from outboxkit.console.context import console_of, int_of, reason_of, text_of
 from outboxkit.consumers.dlq_headers import header_texts
 from outboxkit.ops.access import database_bounded, require_tables
+from outboxkit.ops.dlq.discard import (
+    DiscardOptions,
+    discard,
+    discard_of,
+    discarded_keys,
+    visible,
+)
 from outboxkit.ops.dlq.grouping import FailureGroups, Tallies
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
 from outboxkit.ops.dlq.rendering import render_data, shown_header
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions
-from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.dlq.tables import dlq_discards, dlq_replays
 from outboxkit.ops.status import dlq_counts
 from starlette.datastructures import FormData, QueryParams
 from starlette.requests import Request
@@ -70,9 +80,14 @@ async def topic_page(request: Request) -> Response:
     topic = request.path_params["topic"]
     fields = _fields(request.query_params)
     wanted = _filter(fields)
+    include = text_of(request.query_params, "include_discarded") is not None
     groups, tallies, shown, matched = FailureGroups(), Tallies(), list[DlqRecord](), 0
+    async with database_bounded(console.engine, console.config.timeout):
+        await require_tables(console.engine, [dlq_discards.name])
+        discarded = await discarded_keys(console.engine, topic)
     async with _reader(request) as reader:
-        async for record in reader.read(topic, wanted):
+        records = reader.read(topic, wanted)
+        async for record in records if include else visible(records, discarded):
             matched += 1
             groups.add(record)
             tallies.add(record)
@@ -87,6 +102,8 @@ async def topic_page(request: Request) -> Response:
         groups=groups.ordered(),
         tallies=tallies,
         shown=shown,
+        discarded=discarded,
+        include=include,
     )
 
 
@@ -97,6 +114,9 @@ async def letter_page(request: Request) -> Response:
     partition, offset = request.path_params["partition"], request.path_params["offset"]
     async with _reader(request) as reader:
         record = await reader.fetch(topic, partition, offset)
+    async with database_bounded(console.engine, console.config.timeout):
+        await require_tables(console.engine, [dlq_discards.name])
+        discarded = await discard_of(console.engine, topic, partition, offset)
     letter = record.letter
     data: tuple[str, bool] | None = None
     if request.state.principal.may_act:
@@ -110,6 +130,7 @@ async def letter_page(request: Request) -> Response:
         headers=[(name, shown_header(name, value)) for name, value in letter.headers],
         data=data,
         size=len(letter.value or b""),
+        discarded=discarded,
     )
 
 
@@ -127,7 +148,7 @@ async def replay_action(request: Request) -> Response:
     options = ReplayOptions(by=principal.name, dry_run=not confirm)
     engine = console.engine
     async with _reader(request) as reader, database_bounded(engine, console.config.timeout):
-        await require_tables(engine, [dlq_replays.name])
+        await require_tables(engine, [dlq_replays.name, dlq_discards.name])
         summary = await Replayer(reader, engine).run(topic, wanted, options)
     if not confirm:
         return console.render(
@@ -137,7 +158,7 @@ async def replay_action(request: Request) -> Response:
     text = (
         f"replay {summary.replay_id}: {summary.matched} matched, {summary.replayed} replayed, "
         f"{summary.already_replayed} skipped as already replayed, "
-        f"{summary.no_target} without an original topic"
+        f"{summary.discarded} skipped as discarded, {summary.no_target} without an original topic"
     )
     if expected is not None and expected != summary.replayed:
         text += f" ({expected} counted by the dry run)"
@@ -154,9 +175,54 @@ async def replay_action(request: Request) -> Response:
     return console.render(request, "done.html", message=text, back=f"/dlq/{topic}")
 
 
+async def discard_action(request: Request) -> Response:
+    """Discard (``/undiscard``: bring back) a letter, a group or a filter. ``step=count``: a dry
+    run, its count and a confirmation form asking for the reason (bounded to the letters
+    dead-lettered until now); ``step=confirm``: the change, recorded in the audit trail."""
+    console = console_of(request)
+    principal, form = await console.change_form(request)
+    topic = request.path_params["topic"]
+    undo = request.url.path.endswith("/undiscard")
+    fields = _fields(form)
+    fields.setdefault("until_ms", str(int(time.time() * 1000)))
+    confirm = text_of(form, "step") == "confirm"
+    reason = reason_of(form) if confirm else ""
+    options = DiscardOptions(by=principal.name, reason=reason, dry_run=not confirm, undo=undo)
+    engine = console.engine
+    async with _reader(request) as reader, database_bounded(engine, console.config.timeout):
+        await require_tables(engine, [dlq_discards.name])
+        summary = await discard(reader, engine, topic, _filter(fields), options)
+    verb = "undiscard" if undo else "discard"
+    if not confirm:
+        return console.render(
+            request, "dlq_discard_confirm.html", topic=topic, fields=fields, summary=summary,
+            verb=verb,
+        )  # fmt: skip
+    expected = int_of(form, "expected")
+    same = "not discarded" if undo else "already discarded"
+    text = (
+        f"{verb} {summary.discard_id}: {summary.matched} matched, {summary.changed} "
+        f"{'restored' if undo else 'discarded'}, {summary.unchanged} {same}"
+    )
+    if expected is not None and expected != summary.changed:
+        text += f" ({expected} counted by the dry run)"
+    await console.audit(
+        principal,
+        action=f"dlq.{verb}",
+        target=topic,
+        filter={"topic": topic, **fields},
+        count=summary.changed,
+        reason=reason,
+        outcome=text,
+    )
+    return console.render(request, "done.html", message=text, back=f"/dlq/{topic}")
+
+
 routes = [
     Route("/dlq", topics_page, methods=["GET"]),
     Route("/dlq/{topic}", topic_page, methods=["GET"]),
     Route("/dlq/{topic}/replay", replay_action, methods=["POST"]),
+    Route("/dlq/{topic}/discard", discard_action, methods=["POST"]),
+    Route("/dlq/{topic}/undiscard", discard_action, methods=["POST"]),
     Route("/dlq/{topic}/{partition:int}/{offset:int}", letter_page, methods=["GET"]),
 ]

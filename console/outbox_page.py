@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxkit.console.context import console_of, int_of, reason_of, text_of
+from outboxkit.console.context import console_of, int_of, keyset_of, reason_of, text_of
 from outboxkit.ops.outbox_rows import (
     RequeueRefused,
     RowFilter,
@@ -37,17 +37,6 @@ def _which(values: QueryParams | FormData) -> Which:
     raise HTTPException(400, "which is pending, parked or scheduled")
 
 
-def _after(values: QueryParams) -> tuple[int, int] | None:
-    text = text_of(values, "after")
-    if text is None:
-        return None
-    first, _, second = text.partition(".")
-    try:
-        return int(first), int(second)
-    except ValueError:
-        raise HTTPException(400, "after is VALUE.ID") from None
-
-
 def _filter(values: QueryParams | FormData) -> RowFilter:
     return RowFilter(
         topic=text_of(values, "topic"),
@@ -63,7 +52,7 @@ async def rows_page(request: Request) -> Response:
     which = _which(query)
     wanted = _filter(query)
     size = console.config.page_size
-    paged = RowFilter(wanted.topic, wanted.type, wanted.source, _after(query))
+    paged = RowFilter(wanted.topic, wanted.type, wanted.source, keyset_of(query, "after"))
     rows, now = await list_rows(console.engine, which=which, limit=size, wanted=paged)
     total = await count_rows(console.engine, which=which, wanted=wanted, at_most=COUNT_CAP)
     after = None

@@ -1,9 +1,16 @@
 """Who may use the console, and the protections every response and every change carries.
 
 Principals come from bearer tokens (a file or ``OUTBOXKIT_CONSOLE_TOKENS``), one per line:
-``TOKEN ROLE NAME`` with ROLE ``viewer`` or ``operator``. A token is kept only as its SHA-256
-and compared in constant time; it is typed once into the login form (a POST body, never a URL)
-and the browser then holds an opaque session cookie (HttpOnly, SameSite=Strict).
+``TOKEN ROLE NAME [tenants=a,b]`` with ROLE ``viewer`` or ``operator``. A token is kept only as
+its SHA-256 and compared in constant time; it is typed once into the login form (a POST body,
+never a URL) and the browser then holds an opaque session cookie (HttpOnly, SameSite=Strict).
+
+Or from a trusted reverse proxy (:class:`ProxyIdentity`): a header names the user, and is
+believed only on a request whose peer address is in one of the trusted networks; from any other
+address it is ignored. The role comes from a second header or from a users file (``USER ROLE
+[tenants=a,b]`` lines).
+
+A principal with ``tenants`` sees and acts on those tenants only.
 
 Every state-changing request is a POST that must carry its session's CSRF token in the form
 field ``csrf`` (checked in constant time); the login form, which has no session yet, carries a
@@ -19,7 +26,7 @@ import hmac
 import ipaddress
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,17 +57,46 @@ class TokenFileError(OpsError):
     """A tokens file or variable that cannot be read or has a bad line (never the token)."""
 
 
+TENANTS_PREFIX = "tenants="
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Someone signed in: a name (recorded in the audit trail) and a role."""
+    """Someone signed in: a name (recorded in the audit trail), a role, and the tenants it is
+    limited to (``None``: every tenant)."""
 
     name: str
     role: Role
+    tenants: frozenset[str] | None = None
 
     @property
     def may_act(self) -> bool:
         """Whether this principal may change anything (and see payloads)."""
         return self.role == "operator"
+
+    @property
+    def limited(self) -> bool:
+        """Whether this principal is limited to some tenants."""
+        return self.tenants is not None
+
+    def allows(self, tenant: str) -> bool:
+        """Whether this principal may see and act on ``tenant``."""
+        return self.tenants is None or tenant in self.tenants
+
+
+def _principal(words: list[str], role: str, where: str) -> Principal:
+    """``NAME words [tenants=a,b]`` and a role as a :class:`Principal`; ``where`` names the
+    line in errors."""
+    tenants: frozenset[str] | None = None
+    if words and words[-1].startswith(TENANTS_PREFIX):
+        names = [t for t in words.pop()[len(TENANTS_PREFIX) :].split(",") if t]
+        if not names:
+            raise TokenFileError(f"{where}: tenants= names one tenant at least")
+        tenants = frozenset(names)
+    if role not in ROLES or not words:
+        raise TokenFileError(f"{where}: expected a name and ROLE viewer or operator")
+    role_value: Role = "operator" if role == "operator" else "viewer"
+    return Principal(" ".join(words), role_value, tenants)
 
 
 def _digest(token: str) -> bytes:
@@ -75,22 +111,21 @@ class Tokens:
 
     @classmethod
     def parse(cls, lines: Iterable[str], where: str) -> Tokens:
-        """``TOKEN ROLE NAME`` lines; blank lines and ``#`` comments skipped."""
+        """``TOKEN ROLE NAME [tenants=a,b]`` lines; blank lines and ``#`` comments skipped."""
         tokens = cls()
         for number, raw in enumerate(lines, 1):
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            parts = line.split(None, 2)
-            if len(parts) != 3 or parts[1] not in ROLES:
+            parts = line.split()
+            if len(parts) < 3 or parts[1] not in ROLES:
                 raise TokenFileError(
                     f"{where} line {number}: expected TOKEN ROLE NAME with ROLE viewer or operator"
                 )
-            token, role, name = parts
+            token, role, *name = parts
             if len(token) < 16:
                 raise TokenFileError(f"{where} line {number}: a token has 16 characters at least")
-            role_value: Role = "operator" if role == "operator" else "viewer"
-            tokens.by_digest[_digest(token)] = Principal(name.strip(), role_value)
+            tokens.by_digest[_digest(token)] = _principal(name, role, f"{where} line {number}")
         return tokens
 
     @classmethod
@@ -119,6 +154,99 @@ class Tokens:
             if hmac.compare_digest(digest, wanted):
                 found = principal
         return found
+
+
+class ProxyRefusal(Exception):
+    """A trusted proxy named a user the console has no role for."""
+
+
+@dataclass(frozen=True)
+class ProxyIdentity:
+    """Identity from a trusted reverse proxy.
+
+    ``header`` names the user; it is read only when the request's peer address (the proxy's,
+    not any ``X-Forwarded-For``) is in ``trusted``. The role is ``role_header``'s value when
+    that is set, else the user's line in ``users``; ``users`` also gives the tenants a user is
+    limited to. With a users file, a user not in it gets a 403, as does one with no role.
+    """
+
+    header: str
+    trusted: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    role_header: str | None = None
+    users: dict[str, Principal] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.trusted:
+            raise TokenFileError("a proxy header needs at least one trusted proxy address")
+        if self.role_header is None and not self.users:
+            raise TokenFileError("a proxy header needs a role header or a users file")
+
+    @staticmethod
+    def networks(texts: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """CIDRs (or single addresses) as networks; :class:`TokenFileError` for a bad one."""
+        found = []
+        for text in texts:
+            try:
+                found.append(ipaddress.ip_network(text.strip(), strict=False))
+            except ValueError:
+                message = f"--trusted-proxy {text!r} is not an address or CIDR"
+                raise TokenFileError(message) from None
+        return tuple(found)
+
+    @staticmethod
+    def parse_users(lines: Iterable[str], where: str) -> dict[str, Principal]:
+        """``USER ROLE [tenants=a,b]`` lines; blank lines and ``#`` comments skipped."""
+        users = {}
+        for number, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) not in (2, 3):
+                raise TokenFileError(f"{where} line {number}: expected USER ROLE [tenants=a,b]")
+            user, role, *rest = parts
+            users[user] = _principal([user, *rest], role, f"{where} line {number}")
+        return users
+
+    @classmethod
+    def load_users(cls, path: Path) -> dict[str, Principal]:
+        """The users file at ``path``."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise TokenFileError(f"cannot read the users file {path}: {error.strerror}") from None
+        return cls.parse_users(text.splitlines(), str(path))
+
+    def trusts(self, peer: str | None) -> bool:
+        """Whether ``peer`` (the connection's address) is a trusted proxy."""
+        if peer is None:
+            return False
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted)
+
+    def identify(self, peer: str | None, headers: Mapping[str, str]) -> Principal | None:
+        """The principal a trusted proxy names, ``None`` when ``peer`` is not trusted or sent
+        no user; :class:`ProxyRefusal` for a user without a role."""
+        if not self.trusts(peer):
+            return None
+        user = (headers.get(self.header) or "").strip()
+        if not user:
+            return None
+        listed = self.users.get(user)
+        if self.users and listed is None:
+            raise ProxyRefusal(f"{user[:128]} is not in the console's users file")
+        role = (headers.get(self.role_header) or "").strip() if self.role_header else ""
+        if role:
+            if role not in ROLES:
+                raise ProxyRefusal(f"{self.role_header} must be viewer or operator")
+            role_value: Role = "operator" if role == "operator" else "viewer"
+            return Principal(user[:128], role_value, None if listed is None else listed.tenants)
+        if listed is None:
+            raise ProxyRefusal(f"{user[:128]} has no role in the console")
+        return listed
 
 
 @dataclass

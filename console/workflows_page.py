@@ -4,7 +4,14 @@ the application's engine (``--app``), as ``outboxkit workflows`` does."""
 
 from __future__ import annotations
 
-from outboxkit.console.context import console_of, reason_of, text_of
+from outboxkit.console.context import (
+    console_of,
+    keyset_of,
+    reason_of,
+    require_tenant,
+    tenants_of,
+    text_of,
+)
 from outboxkit.ops import workflows as ops
 from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.workflows import WorkflowError
@@ -28,11 +35,14 @@ def _stuck_ms(text: str | None) -> int | None:
 
 
 async def list_page(request: Request) -> Response:
-    """Instances, most recently changed first (stuck ones: oldest due first)."""
+    """Instances, most recently changed first, paged by keyset on ``(updated_ms, id)`` (stuck
+    ones: oldest due first, one page)."""
     console = console_of(request)
     query = request.query_params
-    state, name, tenant = text_of(query, "state"), text_of(query, "name"), text_of(query, "tenant")
+    state, name = text_of(query, "state"), text_of(query, "name")
+    tenant, allowed = tenants_of(request, text_of(query, "tenant"))
     stuck_after = text_of(query, "stuck_after")
+    size = console.config.page_size
     async with AsyncSession(console.engine) as session:
         now = await read_db_now_ms(session)
         records = await ops.list_workflows(
@@ -42,9 +52,15 @@ async def list_page(request: Request) -> Response:
             name=name,
             states=[state] if state else [],
             stuck_after_ms=_stuck_ms(stuck_after),
-            limit=console.config.page_size,
+            limit=size,
+            tenants=allowed,
+            before=keyset_of(query, "before"),
         )
     rows = [ops.summary(record, now) for record in records]
+    last = records[-1] if len(records) == size and stuck_after is None else None
+    more = {k: v for k, v in (("state", state), ("name", name), ("tenant", tenant)) if v}
+    if last is not None:
+        more["before"] = f"{last.updated_ms}.{last.id}"
     return console.render(
         request,
         "workflows.html",
@@ -55,6 +71,7 @@ async def list_page(request: Request) -> Response:
         tenant=tenant,
         stuck_after=stuck_after,
         age_text=ops.age_text,
+        next_query=more if last is not None else None,
     )
 
 
@@ -62,6 +79,7 @@ async def instance_page(request: Request) -> Response:
     """One instance."""
     console = console_of(request)
     tenant, workflow_id = request.path_params["tenant"], request.path_params["workflow_id"]
+    require_tenant(request, tenant)
     async with AsyncSession(console.engine) as session:
         report = await ops.describe(
             session, tenant, workflow_id, now_ms=await read_db_now_ms(session)
@@ -83,6 +101,7 @@ async def decide_action(request: Request) -> Response:
     console = console_of(request)
     principal, form = await console.change_form(request)
     tenant, workflow_id = request.path_params["tenant"], request.path_params["workflow_id"]
+    require_tenant(request, tenant)
     decision = request.path_params["decision"]
     if decision not in DECISIONS:
         raise HTTPException(404, f"no decision {decision!r}")

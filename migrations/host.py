@@ -20,6 +20,7 @@ TABLES: frozenset[str] = frozenset(
         "console_audit",
         "consumer_held_events",
         "consumer_sequences",
+        "dlq_discards",
         "dlq_replays",
         "http_idempotency_keys",
         "inbox_events",

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from outboxkit.actions.records import AuditEntry, OperationRecord, Resolution
@@ -17,11 +18,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def unknown_queue(
-    session: AsyncSession, *, tenant: str | None = None, limit: int = 100
+    session: AsyncSession,
+    *,
+    tenant: str | None = None,
+    limit: int = 100,
+    tenants: Collection[str] | None = None,
 ) -> list[OperationRecord]:
-    """UNKNOWN operations, the longest UNKNOWN first."""
+    """UNKNOWN operations, the longest UNKNOWN first; ``tenants``: only theirs."""
     return await ActionStore().list_operations(
-        session, tenant=tenant, state=State.UNKNOWN, limit=limit
+        session, tenant=tenant, state=State.UNKNOWN, limit=limit, tenants=tenants
     )
 
 

@@ -7,7 +7,7 @@ are measured against ``now_ms`` (epoch ms), the same clock the engine writes its
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +43,12 @@ async def list_workflows(
     states: Sequence[str] = (),
     stuck_after_ms: int | None = None,
     limit: int = 100,
+    tenants: Collection[str] | None = None,
+    before: tuple[int, int] | None = None,
 ) -> list[WorkflowRecord]:
-    """Instances, most recently changed first, filtered by tenant, name and states.
+    """Instances, most recently changed first, filtered by tenant, name and states (and with
+    ``tenants``, to those tenants); ``before``: the ``(updated_ms, id)`` the previous page
+    ended with (keyset paging).
 
     With ``stuck_after_ms``: only work that has been due at least that long and is not taken
     forward (runnable past ``run_at``, or waiting past its deadline, including a step whose
@@ -58,6 +62,8 @@ async def list_workflows(
         states=states,
         due_before_ms=due_before_ms,
         limit=limit,
+        tenants=tenants,
+        before=before,
     )
 
 

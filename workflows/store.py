@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypedDict, Unpack
 
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
 from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
-from sqlalchemy import String, Table, and_, func, or_, select, text, update
+from sqlalchemy import Select, String, Table, and_, func, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 NOTIFY_CHANNEL = "outboxkit_workflows"
@@ -210,25 +210,53 @@ async def notify(session: AsyncSession, payload: str) -> None:
         )
 
 
+class InstanceFilter(TypedDict, total=False):
+    """The filters of :func:`list_instances` and :func:`instances_query`."""
+
+    tenant: str | None
+    name: str | None
+    states: Sequence[str]
+    due_before_ms: int | None
+    limit: int
+    tenants: Collection[str] | None
+    before: tuple[int, int] | None
+
+
 async def list_instances(
-    session: AsyncSession,
+    session: AsyncSession, **filters: Unpack[InstanceFilter]
+) -> list[WorkflowRecord]:
+    """Instances filtered by tenant, name and states, most recently changed first; see
+    :func:`instances_query`."""
+    query = instances_query(**filters)
+    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+
+
+def instances_query(
     *,
     tenant: str | None = None,
     name: str | None = None,
     states: Sequence[str] = (),
     due_before_ms: int | None = None,
     limit: int = 100,
-) -> list[WorkflowRecord]:
-    """Instances filtered by tenant, name and states, most recently changed first.
+    tenants: Collection[str] | None = None,
+    before: tuple[int, int] | None = None,
+) -> Select[Any]:
+    """The query of :func:`list_instances`: instances filtered by tenant, name and states, most
+    recently changed first (ties: the highest id first); ``tenants``: only those tenants'
+    (``None``: any).
 
-    With ``due_before_ms`` (engine clock): only those whose work fell due before then and is
-    not done yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due
-    first: the stuck ones, when it is now minus a threshold.
+    ``before``: the keyset ``(updated_ms, id)`` of the last instance of the previous page; the
+    page goes on after it, read backwards along ``ix_workflow_instances_updated``. With
+    ``due_before_ms`` (engine clock): only those whose work fell due before then and is not done
+    yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due first:
+    the stuck ones, when it is now minus a threshold (one page: ``before`` is not taken).
     """
     table = workflow_instances
     query = select(table).limit(limit)
     if due_before_ms is None:
-        query = query.order_by(table.c.updated_ms.desc())
+        query = query.order_by(table.c.updated_ms.desc(), table.c.id.desc())
+        if before is not None:
+            query = query.where(tuple_(table.c.updated_ms, table.c.id) < tuple_(*before))
     else:
         query = query.where(
             or_(
@@ -241,11 +269,13 @@ async def list_instances(
         ).order_by(func.coalesce(table.c.run_at_ms, table.c.wait_deadline_ms))
     if tenant is not None:
         query = query.where(table.c.tenant == tenant)
+    if tenants is not None:
+        query = query.where(table.c.tenant.in_(sorted(tenants)))
     if name is not None:
         query = query.where(table.c.name == name)
     if states:
         query = query.where(table.c.state.in_(list(states)))
-    return [WorkflowRecord.from_row(row) for row in (await session.execute(query)).mappings()]
+    return query
 
 
 async def count_by_state(session: AsyncSession) -> dict[tuple[str, str], int]:

@@ -53,6 +53,8 @@ workflow_instances = Table(
 Index("ix_workflow_instances_due", workflow_instances.c.status, workflow_instances.c.run_at_ms)
 Index("ix_workflow_instances_deadline", workflow_instances.c.wait_deadline_ms)
 Index("ix_workflow_instances_state", workflow_instances.c.state, workflow_instances.c.updated_ms)
+# The keyset of the workflow list, most recently changed first (migration 0014).
+Index("ix_workflow_instances_updated", workflow_instances.c.updated_ms, workflow_instances.c.id)
 
 workflow_history = Table(
     "workflow_history",

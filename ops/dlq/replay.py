@@ -15,6 +15,9 @@ letter under a new id, ``truncated-`` and 32 hex digits of a hash of the letter'
 its original id (the same on every replay), keeping the truncation headers and naming the
 original id in ``outboxkit-original-id``.
 
+A discarded letter (:mod:`outboxkit.ops.dlq.discard`) is never republished, forced or not: it
+is counted ``discarded`` until it is un-discarded.
+
 Idempotence: a record is republished to a topic only if ``dlq_replays`` has no row for
 ``(dlq topic, partition, offset, target topic)``, unless forced. The row is written only after
 Kafka acknowledged the record, so a crash between the two republishes at most one chunk again,
@@ -35,6 +38,7 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaProducer
 from outboxkit.consumers.dlq_headers import ORIGINAL_SIZE, TRUNCATED, Header
 from outboxkit.ops.access import OpsError, kafka_bounded
+from outboxkit.ops.dlq.discard import discarded_keys
 from outboxkit.ops.dlq.reader import (
     DlqFilter,
     DlqReader,
@@ -57,7 +61,9 @@ ORIGINAL_ID = "outboxkit-original-id"
 """On a truncated letter replayed under a new id: the id of the event it was cut from."""
 Truncated = Literal["refuse", "original", "allow"]
 
-Status = Literal["replayed", "would replay", "already replayed", "no target", "target missing"]
+Status = Literal[
+    "replayed", "would replay", "already replayed", "discarded", "no target", "target missing"
+]
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class ReplaySummary:
     matched: int = 0
     replayed: int = 0
     already_replayed: int = 0
+    discarded: int = 0
     no_target: int = 0
     target_missing: Counter[str] = field(default_factory=Counter)
     by_target: Counter[str] = field(default_factory=Counter)
@@ -135,6 +142,8 @@ class ReplaySummary:
             self.by_target[item.target or ""] += 1
         elif item.status == "already replayed":
             self.already_replayed += 1
+        elif item.status == "discarded":
+            self.discarded += 1
         elif item.status == "no target":
             self.no_target += 1
         else:
@@ -150,6 +159,7 @@ class ReplaySummary:
             self,
             rename={
                 "already_replayed": "skipped_already_replayed",
+                "discarded": "skipped_discarded",
                 "no_target": "skipped_no_target",
                 "target_missing": "skipped_target_missing",
                 "items": "records",
@@ -266,9 +276,14 @@ class Replayer:
         summary: ReplaySummary,
     ) -> None:
         planned: list[tuple[DlqRecord, str]] = []
+        discarded = await discarded_keys(
+            self.engine, dlq_topic, [(r.partition, r.offset) for r in records]
+        )
         for record in records:
             target = options.target or record.letter.topic
-            if target is None:
+            if (record.partition, record.offset) in discarded:
+                summary.add(_item(record, target, "discarded"))
+            elif target is None:
                 summary.add(_item(record, None, "no target"))
             elif target not in topics:
                 summary.add(_item(record, target, "target missing"))

@@ -14,13 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 from outboxkit.console import ConsoleConfig
-from outboxkit.consumers import dlq_headers
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_relays
-from outboxkit.testing.kafka import create_topic
 from playwright.sync_api import expect
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
@@ -30,7 +28,7 @@ from tests.support import workflow_ops as w
 from tests.support.actions import sessions_for
 from tests.support.browser import CHROMIUM, chromium, run_async, screenshot, sign_in
 from tests.support.console import OPERATOR_TOKEN, TOKENS, VIEWER_TOKEN, serving
-from tests.support.consumers import binary_record, produce
+from tests.support.consumers import dead_letters_of_two_causes
 from tests.support.ops import end_offsets
 
 pytestmark = pytest.mark.skipif(
@@ -94,37 +92,11 @@ def test_overview_after_a_relay_outage_shows_the_backlog_live_and_a_dead_broker(
         screenshot(page, "overview-broker-down")
 
 
-def dead_letters(topic: str, cause: str, ns: range) -> list[tuple]:
-    records = []
-    for n in ns:
-        key, value, headers = binary_record(
-            new_event("order.placed", "/shop", {"n": n, "card": SECRET}, id=f"o-{n}")
-        )
-        letter = dlq_headers.DeadLetter(
-            topic=topic, partition=0, offset=n, timestamp=None, key=key, value=value,
-            headers=headers, error_class=cause, error_message=f"order {n} exceeds the limit",
-            attempts=3, first_failure_ms=None, last_failure_ms=None,
-        )  # fmt: skip
-        records.append((key, value, letter.to_headers("shipping")))
-    return records
-
-
 @pytest.fixture
 def dlq_topics(kafka_bootstrap: str) -> Iterator[tuple[str, str]]:
     topic = f"console-{uuid.uuid4().hex[:10]}"
 
-    async def fill() -> None:
-        await create_topic(kafka_bootstrap, topic)
-        await create_topic(kafka_bootstrap, f"{topic}.dlq")
-        # a group of 4 letters of one cause, and 2 of another
-        await produce(
-            kafka_bootstrap, f"{topic}.dlq", dead_letters(topic, "permanent:Limit", range(4))
-        )
-        await produce(
-            kafka_bootstrap, f"{topic}.dlq", dead_letters(topic, "exhausted:Timeout", range(10, 12))
-        )
-
-    asyncio.run(fill())
+    asyncio.run(dead_letters_of_two_causes(kafka_bootstrap, topic, {"card": SECRET}))
     yield topic, f"{topic}.dlq"
 
 
@@ -170,10 +142,24 @@ def test_replaying_a_dead_letter_group_publishes_it_once(
         page.goto(f"{base}/dlq/{dlq}/0/0")
         assert SECRET in page.inner_text("#payload")
         screenshot(page, "dlq-letter-operator")
+        # the other group is discarded: counted first, confirmed with a reason, then hidden
+        page.goto(f"{base}/dlq/{dlq}")
+        other = groups.nth(1).get_attribute("data-fingerprint")
+        page.click(f"#discard-{other}")
+        page.wait_for_selector("#dry-count")
+        assert page.inner_text("#dry-count strong") == "2"
+        screenshot(page, "dlq-discard-dry-run")
+        page.fill("#reason", "orders re-entered by hand")
+        page.click("#confirm")
+        page.wait_for_selector("#outcome")
+        assert "2 discarded" in page.inner_text("#outcome")
+        page.goto(f"{base}/dlq/{dlq}")
+        assert page.inner_text("#matched") == "4"
+        assert "2 discarded letter(s) in this topic, left out" in page.inner_text("#discarded-note")
         page.goto(f"{base}/audit")
-        assert "dlq.replay" in page.inner_text(
-            "#audit"
-        ) and "limit raised to 100" in page.inner_text("#audit")
+        audit = page.inner_text("#audit")
+        assert "dlq.replay" in audit and "limit raised to 100" in audit
+        assert "dlq.discard" in audit and "orders re-entered by hand" in audit
         screenshot(page, "audit")
     engine = make_engine(pg_url, poolclass=NullPool)
     with engine.connect() as connection:

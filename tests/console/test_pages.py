@@ -1,24 +1,41 @@
-"""The console's outbox, inbox and audit pages over real HTTP on real PostgreSQL: requeue with
-the count confirmed first, keyset pages, the inbox look-up."""
+"""The console's outbox, dead-letter, workflow, inbox and audit pages over real HTTP on real
+PostgreSQL and Kafka: requeue and discard with the count confirmed first, keyset pages (and the
+index the workflow list is read along), the inbox look-up."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from outboxkit.console import ConsoleConfig
 from outboxkit.consumers.tables import inbox_events
+from outboxkit.ops.dlq.fingerprint import fingerprint_id
+from outboxkit.ops.dlq.tables import dlq_discards
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.tables import outbox_events
-from sqlalchemy import func, insert, select, update
+from outboxkit.workflows.store import instances_query
+from outboxkit.workflows.tables import workflow_instances
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from tests.support.console import OPERATOR_TOKEN, TOKENS, csrf_of, serving, signed_in
+from tests.support import workflow_ops as w
+from tests.support.actions import sessions_for
+from tests.support.console import (
+    OPERATOR_TOKEN,
+    TOKENS,
+    VIEWER_TOKEN,
+    csrf_of,
+    serving,
+    signed_in,
+)
+from tests.support.consumers import dead_letters_of_two_causes
 
 
 @pytest.fixture
@@ -137,3 +154,103 @@ async def test_a_capped_count_stops_at_its_cap(pg_url: str) -> None:
         assert await count_rows(engine, which="parked", at_most=10) == 5
     finally:
         await engine.dispose()
+
+
+def test_discard_a_group_counts_first_asks_a_reason_hides_it_and_replay_skips_it(
+    console_url: str, pg_url: str, kafka_bootstrap: str
+) -> None:
+    dlq = asyncio.run(dead_letters_of_two_causes(kafka_bootstrap, f"pages-{uuid.uuid4().hex[:8]}"))
+    timeouts = fingerprint_id("exhausted:Timeout", "order 10 exceeds the limit")
+    with signed_in(console_url, OPERATOR_TOKEN) as client:
+        page = client.get(f"/dlq/{dlq}").text
+        assert 'id="discard-' + timeouts + '"' in page
+        form = {"csrf": csrf_of(page), "fingerprint": timeouts}
+        asked = client.post(f"/dlq/{dlq}/discard", data=form).text
+        assert "<strong>2</strong> letter(s) would be discarded" in asked
+        assert discards(pg_url) == 0  # counting changed nothing
+        confirm = {**form, "step": "confirm", "expected": "2"}
+        assert client.post(f"/dlq/{dlq}/discard", data=confirm).status_code == 400  # no reason
+        assert discards(pg_url) == 0
+        done = client.post(f"/dlq/{dlq}/discard", data={**confirm, "reason": "re-entered"})
+        assert "2 discarded, 0 already discarded" in done.text
+        assert discards(pg_url) == 2
+        audit = client.get("/audit").text
+        assert re.search(r"dlq\.discard.*<td>2</td><td>re-entered</td>", audit, re.S)
+        # left out of the list unless asked for; the letter itself still opens
+        page = client.get(f"/dlq/{dlq}").text
+        assert '<span id="matched">4</span>' in page
+        assert "2 discarded letter(s) in this topic, left out" in page
+        page = client.get(f"/dlq/{dlq}", params={"include_discarded": "1"}).text
+        assert '<span id="matched">6</span>' in page
+        letter = client.get(f"/dlq/{dlq}/0/4").text
+        assert "by otto: re-entered" in letter and 'id="undiscard-letter"' in letter
+        # a replay of everything counts the 4 others only
+        asked = client.post(f"/dlq/{dlq}/replay", data={"csrf": form["csrf"]}).text
+        assert "<strong>4</strong> record(s) would be replayed" in asked
+        assert "2 discarded (skipped)" in asked
+        # brought back one by one
+        one = {"csrf": form["csrf"], "partition": "0", "offset": "4", "step": "confirm"}
+        back = client.post(f"/dlq/{dlq}/undiscard", data={**one, "reason": "replay it"})
+        assert "1 restored" in back.text and discards(pg_url) == 1
+    with signed_in(console_url, VIEWER_TOKEN) as client:
+        page = client.get(f"/dlq/{dlq}").text
+        assert "button" not in page.split("<h2>By cause</h2>")[1].split("</table>")[0]
+        refused = client.post(f"/dlq/{dlq}/discard", data={"csrf": csrf_of(page)})
+        assert refused.status_code == 403 and "viewers cannot act" in refused.text
+
+
+def discards(db_url: str) -> int:
+    engine = make_engine(db_url, poolclass=NullPool)
+    with engine.connect() as connection:
+        found = connection.scalar(select(func.count()).select_from(dlq_discards))
+    engine.dispose()
+    return int(found or 0)
+
+
+def test_the_workflow_list_is_paged_by_keyset_along_its_index(
+    console_url: str, pg_url: str
+) -> None:
+    async def seed() -> None:
+        async with sessions_for(pg_url) as sessions:
+            engine = w.build_engine(sessions)
+            for n in range(10):
+                await w.start(engine, f"PO-{n}")
+
+    asyncio.run(seed())
+    engine = make_engine(pg_url, poolclass=NullPool)
+    with engine.connect() as connection:
+        expected = connection.execute(
+            select(workflow_instances.c.workflow_id).order_by(
+                workflow_instances.c.updated_ms.desc(), workflow_instances.c.id.desc()
+            )
+        ).scalars().all()  # fmt: skip
+    seen: list[str] = []
+    with signed_in(console_url, OPERATOR_TOKEN) as client:
+        url: str | None = "/workflows"
+        while url is not None:
+            page = client.get(url).text
+            seen += re.findall(r'<a href="/workflows/acme/[^"]+">([^<]+)</a>', page)
+            found = re.search(r'id="next" href="([^"]+)"', page)
+            url = found.group(1).replace("&amp;", "&") if found else None
+    assert seen == expected and len(seen) == 10
+    # With many instances, PostgreSQL reads a page backwards along ix_workflow_instances_updated
+    # (no sort, no scan of the table), the first page and the following ones alike.
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO workflow_instances (tenant, workflow_id, name, version, state, "
+                "status, input_hash, data, attempts, compensations, seq, entered_seq, "
+                "state_since_ms, created_ms, updated_ms) SELECT 'acme', 'bulk-' || n, 'po', 1, "
+                "'execute', 'runnable', 'h', '{}', 0, '[]', 0, 0, n, n, n "
+                "FROM generate_series(1, 20000) AS n"
+            )
+        )
+        connection.execute(text("ANALYZE workflow_instances"))
+    with engine.connect() as connection:
+        for before in (None, (10_000, 10_000)):
+            query = instances_query(limit=50, before=before)
+            sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+            plan = "\n".join(connection.execute(text("EXPLAIN " + sql)).scalars())
+            assert "Index Scan Backward using ix_workflow_instances_updated" in plan, plan
+            assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    engine.dispose()

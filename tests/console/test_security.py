@@ -1,17 +1,31 @@
 """The console's protections over real HTTP on real PostgreSQL and Kafka: sign-in, roles, CSRF,
-security headers, and nothing secret in a page or URL."""
+security headers, nothing secret in a page or URL, identity from a trusted reverse proxy only,
+and principals limited to tenants."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from outboxkit.actions.tables import agent_operations
 from outboxkit.console import ConsoleConfig
-from outboxkit.console.security import TokenFileError, Tokens
+from outboxkit.console.security import (
+    Principal,
+    ProxyIdentity,
+    ProxyRefusal,
+    TokenFileError,
+    Tokens,
+)
+from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from sqlalchemy import select
+from sqlalchemy.pool import NullPool
 from starlette.routing import Route
 
+from tests.support import workflow_ops as w
+from tests.support.actions import leave_unknown, sessions_for
 from tests.support.console import (
     OPERATOR_TOKEN,
     TOKENS,
@@ -115,3 +129,111 @@ def test_tokens_parse_and_bad_lines_name_the_line_not_the_token() -> None:
             Tokens.parse([line], "f")
         assert str(caught.value).startswith(message)
         assert line.split()[0] not in str(caught.value)
+
+
+PROXY = {"X-Forwarded-User": "pat", "X-Forwarded-Role": "operator"}
+
+
+def test_a_proxy_header_is_believed_from_a_trusted_address_only(pg_url: str) -> None:
+    proxy = ProxyIdentity(
+        header="X-Forwarded-User",
+        trusted=ProxyIdentity.networks(["127.0.0.1/32"]),
+        role_header="X-Forwarded-Role",
+    )
+    config = ConsoleConfig(
+        db_url=pg_url, kafka=KafkaSettings(bootstrap="127.0.0.1:1"), tokens=TOKENS, proxy=proxy
+    )
+    with serving(config) as base:
+        # through the proxy (127.0.0.1): signed in as the user it names, with its role
+        with httpx.Client(base_url=base, headers=PROXY) as client:
+            page = client.get("/audit")
+            assert page.status_code == 200 and "pat (operator)" in page.text
+            # a change carries the session's CSRF token as with a token sign-in
+            assert client.post("/outbox/requeue", data={"scope": "all"}).status_code == 403
+            asked = client.post("/outbox/requeue", data={"csrf": csrf_of(page.text),
+                                                         "scope": "all"})  # fmt: skip
+            assert asked.status_code == 200 and "would be requeued" in asked.text
+            bad = client.get("/audit", headers={"X-Forwarded-Role": "admin"})
+            assert bad.status_code == 403
+        # the same headers from another address (127.0.0.2, not trusted) are ignored
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=base, headers=PROXY, transport=transport) as client:
+            response = client.get("/audit")
+            assert (response.status_code, response.headers["location"]) == (303, "/login")
+            assert client.post("/outbox/requeue", data={"scope": "all"}).status_code == 403
+
+
+def test_proxy_users_and_token_lines_limit_principals_to_tenants() -> None:
+    lines = ["# who", "pat operator tenants=acme,initech", "vic viewer"]
+    users = ProxyIdentity.parse_users(lines, "u")
+    proxy = ProxyIdentity("X-User", ProxyIdentity.networks(["10.0.0.0/8"]), users=users)
+    pat = proxy.identify("10.1.2.3", {"X-User": "pat"})
+    assert pat == Principal("pat", "operator", frozenset({"acme", "initech"}))
+    assert pat.allows("acme") and not pat.allows("globex")
+    assert proxy.identify("10.1.2.3", {"X-User": "vic"}) == Principal("vic", "viewer")
+    assert proxy.identify("192.168.1.1", {"X-User": "pat"}) is None  # not the proxy: ignored
+    assert proxy.identify("10.1.2.3", {}) is None
+    with pytest.raises(ProxyRefusal):
+        proxy.identify("10.1.2.3", {"X-User": "mallory"})  # not in the users file
+    tokens = Tokens.parse(["abcdefghijklmnopq operator Ann Smith tenants=acme"], "f")
+    ann = Principal("Ann Smith", "operator", frozenset({"acme"}))
+    assert tokens.find("abcdefghijklmnopq") == ann
+    with pytest.raises(TokenFileError, match="f line 1: tenants= names one tenant"):
+        Tokens.parse(["abcdefghijklmnopq operator ann tenants="], "f")
+    with pytest.raises(TokenFileError, match="--trusted-proxy 'nowhere'"):
+        ProxyIdentity.networks(["nowhere"])
+
+
+LIMITED_TOKEN = "limited-token-0123456789"
+
+
+def test_an_operator_limited_to_a_tenant_cannot_see_or_resolve_another_tenants_action(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    async def seed() -> None:
+        await leave_unknown(pg_url, "acme", "refund-acme")
+        await leave_unknown(pg_url, "globex", "refund-globex")
+        async with sessions_for(pg_url) as sessions:
+            engine = w.build_engine(sessions)
+            await w.start(engine, "PO-acme", tenant="acme")
+            await w.start(engine, "PO-globex", tenant="globex")
+
+    asyncio.run(seed())
+    tokens = Tokens.parse([f"{LIMITED_TOKEN} operator lena tenants=acme"], "test")
+    config = ConsoleConfig(
+        db_url=pg_url, kafka=KafkaSettings(bootstrap=kafka_bootstrap), tokens=tokens
+    )
+    with serving(config) as base, signed_in(base, LIMITED_TOKEN) as client:
+        assert client.get("/").headers["location"] == "/actions"
+        page = client.get("/actions").text
+        assert "refund-acme" in page and "refund-globex" not in page
+        assert "lena (operator; tenants acme)" in page
+        assert client.get("/actions", params={"tenant": "globex"}).status_code == 403
+        resolve = {"csrf": csrf_of(page), "resolution": "failed", "reason": "not ours"}
+        refused = client.post("/actions/resolve", data={**resolve, "tenant": "globex",
+                                                        "key": "refund-globex"})  # fmt: skip
+        assert refused.status_code == 403 and "not allowed tenant &#39;globex&#39;" in refused.text
+        assert states(pg_url) == {"refund-acme": "UNKNOWN", "refund-globex": "UNKNOWN"}
+        done = client.post("/actions/resolve", data={**resolve, "tenant": "acme",
+                                                     "key": "refund-acme"})  # fmt: skip
+        assert done.status_code == 200, done.text
+        assert states(pg_url) == {"refund-acme": "FAILED_FINAL", "refund-globex": "UNKNOWN"}
+        workflows = client.get("/workflows").text
+        assert "PO-acme" in workflows and "PO-globex" not in workflows
+        assert client.get("/workflows/globex/PO-globex").status_code == 403
+        assert client.get("/workflows/acme/PO-acme").status_code == 200
+        decide = client.post("/workflows/globex/PO-globex/cancel",
+                             data={"csrf": resolve["csrf"], "reason": "x"})  # fmt: skip
+        assert decide.status_code == 403
+        # outbox rows, dead letters, the inbox and the audit trail carry no tenant: closed
+        for path in ("/outbox", "/dlq", "/inbox", "/audit", "/overview/live"):
+            assert client.get(path).status_code == 403, path
+
+
+def states(db_url: str) -> dict[str, str]:
+    engine = make_engine(db_url, poolclass=NullPool)
+    with engine.connect() as connection:
+        rows = connection.execute(select(agent_operations.c.op_key, agent_operations.c.state))
+        found = {row.op_key: row.state for row in rows}
+    engine.dispose()
+    return found

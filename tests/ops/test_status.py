@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
-from outboxkit.actions import ActionOutcomeUnknownError, ActionStore, run_action
 from outboxkit.actions.tables import agent_operations
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.ops.access import OpsError
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.ops.status import cause_line
-from outboxkit.outbox import Outbox, OutcomeUnknownError, new_event
+from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.leases import ShardLeases
@@ -29,7 +28,7 @@ from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
-from tests.support.actions import sessions_for
+from tests.support.actions import leave_unknown
 from tests.support.consumers import produce
 from tests.support.kafka import wait_for
 from tests.support.ops import cli, cli_process, commit_offsets
@@ -91,16 +90,7 @@ async def leave_an_unknown_action(url: str) -> None:
     Its events (requested, started, unknown) are marked published, as a relay would have,
     so the outbox backlog stays what :func:`set_up_outbox` made.
     """
-
-    async def lost_reply(_key: str) -> None:
-        raise OutcomeUnknownError("the payment provider did not answer")
-
-    async with sessions_for(url) as sessions:
-        with pytest.raises(ActionOutcomeUnknownError):
-            await run_action(
-                sessions, ActionStore(), lost_reply, tenant="acme", key="refund-1",
-                action_type="refund", params={"cents": 1999}, timeout_s=5,
-            )  # fmt: skip
+    await leave_unknown(url, "acme", "refund-1")
     engine = make_engine(url)
     with engine.begin() as connection:
         connection.execute(

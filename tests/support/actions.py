@@ -9,8 +9,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from outboxkit.actions import Actions, ActionStore, StepOutcome
+import pytest
+from outboxkit.actions import (
+    ActionOutcomeUnknownError,
+    Actions,
+    ActionStore,
+    StepOutcome,
+    run_action,
+)
 from outboxkit.actions.tables import agent_operation_audit, agent_operations
+from outboxkit.outbox import OutcomeUnknownError
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import func, select
@@ -42,6 +50,20 @@ async def sessions_for(url: str, pool_size: int = 5) -> AsyncIterator[async_sess
         yield async_sessionmaker(engine, expire_on_commit=False)
     finally:
         await engine.dispose()
+
+
+async def leave_unknown(url: str, tenant: str, key: str) -> None:
+    """One refund action of ``tenant`` whose call lost its reply: UNKNOWN from now on."""
+
+    async def lost_reply(_key: str) -> None:
+        raise OutcomeUnknownError("the payment provider did not answer")
+
+    async with sessions_for(url) as sessions:
+        with pytest.raises(ActionOutcomeUnknownError):
+            await run_action(
+                sessions, ActionStore(), lost_reply, tenant=tenant, key=key,
+                action_type="refund", params={"cents": 1999}, timeout_s=5,
+            )  # fmt: skip
 
 
 async def begin(sessions: async_sessionmaker, store: ActionStore, **kwargs):

@@ -12,11 +12,12 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 from cloudevents.core.v1.event import CloudEvent
-from outboxkit.consumers import ConsumerApp, ConsumerRuntime
+from outboxkit.consumers import ConsumerApp, ConsumerRuntime, dlq_headers
 from outboxkit.outbox import RetryPolicy, encode_binary, new_event
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.testing.kafka import create_topic
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.pool import NullPool
@@ -73,6 +74,42 @@ def binary_record(event: CloudEvent) -> RawRecord:
     encoded = encode_binary(event)
     headers = [(name, value.encode("utf-8")) for name, value in encoded.headers.items()]
     return encoded.key, encoded.payload, headers
+
+
+def dead_letter_records(
+    topic: str, cause: str, ns: Iterable[int], data: dict[str, Any] | None = None
+) -> list[RawRecord]:
+    """Dead letters of ``order.placed`` events ``o-N`` (data ``{"n": N, **data}``) from
+    ``topic``'s partition 0 at offset N, failed with ``cause`` (``category:Class``) by
+    ``shipping``, as the consumer runtime writes them."""
+    records = []
+    for n in ns:
+        key, value, headers = binary_record(
+            new_event("order.placed", "/shop", {"n": n, **(data or {})}, id=f"o-{n}")
+        )
+        letter = dlq_headers.DeadLetter(
+            topic=topic, partition=0, offset=n, timestamp=None, key=key, value=value,
+            headers=headers, error_class=cause, error_message=f"order {n} exceeds the limit",
+            attempts=3, first_failure_ms=None, last_failure_ms=None,
+        )  # fmt: skip
+        records.append((key, value, letter.to_headers("shipping")))
+    return records
+
+
+async def dead_letters_of_two_causes(
+    bootstrap: str, topic: str, data: dict[str, Any] | None = None
+) -> str:
+    """Create ``topic`` and ``topic.dlq`` (the name returned), and fill the latter with a group
+    of 4 letters of one cause (``permanent:Limit``, orders 0-3) and 2 of another
+    (``exhausted:Timeout``, orders 10 and 11)."""
+    dlq = f"{topic}.dlq"
+    await create_topic(bootstrap, topic)
+    await create_topic(bootstrap, dlq)
+    await produce(bootstrap, dlq, dead_letter_records(topic, "permanent:Limit", range(4), data))
+    await produce(
+        bootstrap, dlq, dead_letter_records(topic, "exhausted:Timeout", range(10, 12), data)
+    )
+    return dlq
 
 
 async def produce(
