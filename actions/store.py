@@ -42,8 +42,7 @@ from outboxkit.actions.records import (
 from outboxkit.actions.states import REPLACEABLE, State, check_transition
 from outboxkit.actions.tables import agent_operation_audit as audit
 from outboxkit.actions.tables import agent_operations as ops
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert, supported
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.writer import Outbox
 from sqlalchemy import ColumnElement, Insert, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -161,10 +160,10 @@ class ActionStore:
     ) -> OperationRecord | None:
         check_transition(None, State.PENDING)
         check_transition(State.PENDING, State.RUNNING)
-        dialect = _dialect(session)
-        now = db_now_ms(dialect)
+        dialect = dialect_of(session)
+        now = dialect.now_ms()
         statement: Insert = (
-            dialect_insert(dialect)(ops)
+            dialect.insert(ops)
             .values(
                 tenant=tenant,
                 op_key=key,
@@ -210,7 +209,7 @@ class ActionStore:
         digest: str,
         holder: str,
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -242,7 +241,7 @@ class ActionStore:
     async def _claim(
         self, session: AsyncSession, op: OperationRecord, lease_ms: int, holder: str
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -261,7 +260,7 @@ class ActionStore:
     async def _expire_lease(
         self, session: AsyncSession, op: OperationRecord, actor: str
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -397,7 +396,7 @@ class ActionStore:
                 actor=lease.holder,
                 reason=reason + late,
                 values={**values, "lease_expires_ms": None},
-                where=[ops.c.lease_expires_ms > db_now_ms(_dialect(session))]
+                where=[ops.c.lease_expires_ms > dialect_of(session).now_ms()]
                 if require_live_lease
                 else None,
             )
@@ -414,7 +413,7 @@ class ActionStore:
         the operation was resolved, reclaimed or replaced.
         """
         lease_ms = _positive_ms("lease_s", lease_s)
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         statement = (
             update(ops)
             .where(
@@ -580,7 +579,7 @@ class ActionStore:
         self, session: AsyncSession, *, limit: int = 100, actor: str = "lease-sweeper"
     ) -> list[OperationRecord]:
         """Turn RUNNING operations whose lease expired (database clock) into UNKNOWN."""
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         rows = (
             await session.execute(
                 select(ops)
@@ -624,7 +623,7 @@ class ActionStore:
     ) -> list[OperationRecord]:
         """Operations filtered by tenant, state, age of the last state change (at least
         ``older_than_s`` seconds ago, database clock) and flag."""
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         query = select(ops).order_by(ops.c.updated_ms, ops.c.id).limit(limit)
         if tenant is not None:
             query = query.where(ops.c.tenant == check_tenant(tenant))
@@ -640,7 +639,7 @@ class ActionStore:
     async def _load(
         self, session: AsyncSession, tenant: str, key: str
     ) -> tuple[OperationRecord | None, int]:
-        now = db_now_ms(_dialect(session)).label("now_ms")
+        now = dialect_of(session).now_ms().label("now_ms")
         row = (
             (
                 await session.execute(
@@ -672,7 +671,7 @@ class ActionStore:
     ) -> OperationRecord | None:
         """Compare-and-set ``op`` (as read) to ``target``; audit and emit; ``None`` if lost."""
         check_transition(op.state, target, new_generation=new_generation)
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self._ttl_ms}
         if target is not op.state or new_generation:
             changes["updated_ms"] = now  # updated_ms is the time of the last state change
@@ -721,7 +720,7 @@ class ActionStore:
                 attempt=attempt,
                 from_state=from_state.value if from_state else None,
                 to_state=to.value,
-                at_ms=db_now_ms(_dialect(session)),
+                at_ms=dialect_of(session).now_ms(),
                 actor=actor[:128],
                 reason=reason,
                 detail=None if detail is None else canonical_json(detail),
@@ -759,10 +758,6 @@ def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
 def _execute(op: OperationRecord) -> Decision:
     lease = Lease(op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "")
     return Decision(DecisionKind.EXECUTE, op, lease)
-
-
-def _dialect(session: AsyncSession) -> str:
-    return supported(session.get_bind().dialect.name)
 
 
 def _positive_ms(name: str, seconds: float) -> int:
