@@ -218,7 +218,7 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 def _require_driver(url: str, *, sync: bool) -> None:
     """Raise :class:`MissingExtraError` naming the extra when the driver is not installed."""
-    dialect = dialect_of(url)
+    dialect = dialect_of(make_url(url))
     if dialect.drivers_extra is not None:
         module = dialect.sync_module if sync else dialect.async_module
         require(module, dialect.drivers_extra, dialect.title)
