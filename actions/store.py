@@ -43,8 +43,7 @@ from outboxkit.actions.records import (
 from outboxkit.actions.states import REPLACEABLE, State, check_transition
 from outboxkit.actions.tables import agent_operation_audit as audit
 from outboxkit.actions.tables import agent_operations as ops
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert, supported
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.writer import Outbox
 from sqlalchemy import ColumnElement, Insert, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -163,10 +162,10 @@ class ActionStore:
     ) -> OperationRecord | None:
         check_transition(None, State.PENDING)
         check_transition(State.PENDING, State.RUNNING)
-        dialect = _dialect(session)
-        now = db_now_ms(dialect)
+        dialect = dialect_of(session)
+        now = dialect.now_ms()
         statement: Insert = (
-            dialect_insert(dialect)(ops)
+            dialect.insert(ops)
             .values(
                 tenant=tenant,
                 op_key=key,
@@ -212,7 +211,7 @@ class ActionStore:
         digest: str,
         holder: str,
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -244,7 +243,7 @@ class ActionStore:
     async def _claim(
         self, session: AsyncSession, op: OperationRecord, lease_ms: int, holder: str
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -263,7 +262,7 @@ class ActionStore:
     async def _expire_lease(
         self, session: AsyncSession, op: OperationRecord, actor: str
     ) -> OperationRecord | None:
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         return await self._transition(
             session,
             op,
@@ -404,7 +403,7 @@ class ActionStore:
                 actor=lease.holder,
                 reason=reason + late,
                 values={**values, "lease_expires_ms": None},
-                where=[ops.c.lease_expires_ms > db_now_ms(_dialect(session))]
+                where=[ops.c.lease_expires_ms > dialect_of(session).now_ms()]
                 if require_live_lease
                 else None,
             )
@@ -425,7 +424,7 @@ class ActionStore:
         """The common finish in one statement: the operation is RUNNING under ``lease``
         (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why."""
         check_transition(State.RUNNING, target)
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         live = [ops.c.lease_expires_ms > now] if require_live_lease else []
         statement = (
             update(ops)
@@ -473,7 +472,7 @@ class ActionStore:
         the operation was resolved, reclaimed or replaced.
         """
         lease_ms = _positive_ms("lease_s", lease_s)
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         statement = (
             update(ops)
             .where(
@@ -639,7 +638,7 @@ class ActionStore:
         self, session: AsyncSession, *, limit: int = 100, actor: str = "lease-sweeper"
     ) -> list[OperationRecord]:
         """Turn RUNNING operations whose lease expired (database clock) into UNKNOWN."""
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         rows = (
             await session.execute(
                 select(ops)
@@ -685,7 +684,7 @@ class ActionStore:
         """Operations filtered by tenant, state, age of the last state change (at least
         ``older_than_s`` seconds ago, database clock) and flag; ``tenants``: only those tenants'
         (``None``: any)."""
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         query = select(ops).order_by(ops.c.updated_ms, ops.c.id).limit(limit)
         if tenant is not None:
             query = query.where(ops.c.tenant == check_tenant(tenant))
@@ -703,7 +702,7 @@ class ActionStore:
     async def _load(
         self, session: AsyncSession, tenant: str, key: str
     ) -> tuple[OperationRecord | None, int]:
-        now = db_now_ms(_dialect(session)).label("now_ms")
+        now = dialect_of(session).now_ms().label("now_ms")
         row = (
             (
                 await session.execute(
@@ -735,7 +734,7 @@ class ActionStore:
     ) -> OperationRecord | None:
         """Compare-and-set ``op`` (as read) to ``target``; audit and emit; ``None`` if lost."""
         check_transition(op.state, target, new_generation=new_generation)
-        now = db_now_ms(_dialect(session))
+        now = dialect_of(session).now_ms()
         changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self._ttl_ms}
         if target is not op.state or new_generation:
             changes["updated_ms"] = now  # updated_ms is the time of the last state change
@@ -767,7 +766,7 @@ class ActionStore:
 
     async def _record(self, session: AsyncSession, *changes: _Change) -> None:
         """Audit ``changes`` and add their CloudEvents: one statement each, whatever the count."""
-        at_ms = db_now_ms(_dialect(session))
+        at_ms = dialect_of(session).now_ms()
         await session.execute(
             insert(audit).values(at_ms=at_ms),
             [
@@ -838,10 +837,6 @@ def _execute(op: OperationRecord) -> Decision:
         op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "", op.updated_ms
     )
     return Decision(DecisionKind.EXECUTE, op, lease)
-
-
-def _dialect(session: AsyncSession) -> str:
-    return supported(session.get_bind().dialect.name)
 
 
 def _positive_ms(name: str, seconds: float) -> int:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.notify import LISTEN_ERRORS, listening
 from sqlalchemy.engine import URL
 
@@ -49,7 +50,7 @@ async def watch_operation(db_url: URL, operation_id: int) -> AsyncIterator[Opera
     unavailable) the watch is never woken and the waiter polls."""
     watch = OperationWatch(operation_id)
     async with contextlib.AsyncExitStack() as stack:
-        if db_url.get_backend_name() == "postgresql":
+        if dialect_of(db_url).listen_notify:
             try:
                 await stack.enter_async_context(listening(db_url, CHANNEL, watch.notify))
             except LISTEN_ERRORS as error:

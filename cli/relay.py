@@ -27,7 +27,8 @@ from outboxkit.cli.options import (
 from outboxkit.cli.progress import ProgressReport
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S, ops_engine, ping_database
 from outboxkit.ops.outbox_rows import count_rows
-from outboxkit.outbox.db import make_async_engine, require_tables
+from outboxkit.outbox.db import make_async_engine, parse_url, require_tables
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
@@ -158,7 +159,7 @@ def relay(
         raise typer.BadParameter(str(error)) from error
     if timeout is not None and not drain:
         raise CliError("--timeout: only with --drain")
-    if (mode == "logical" or drop_slot) and settings.db_url.startswith("sqlite"):
+    if (mode == "logical" or drop_slot) and not _logical_capable(settings.db_url):
         raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
     if drain:  # a one-off run fails fast on a misconfigured database, not retrying
         asyncio.run(ping_database(settings.db_url))
@@ -219,7 +220,7 @@ async def logical_slot(
     drop the slot (refused while a relay reads it). With ``drain``, also what the stream
     needs now (:func:`~outboxkit.relay.slot.refusal`: a long-running relay waits for it).
     A database that does not answer is left to the relay, which retries (as in poll mode)."""
-    if db_url.startswith("sqlite"):
+    if not _logical_capable(db_url):
         raise CliError("--mode logical needs PostgreSQL; SQLite relays poll (--mode poll)")
     engine = make_async_engine(db_url)
     try:
@@ -336,3 +337,8 @@ async def _drain(
 async def _stop_quietly(relay_process: Relay) -> None:
     with contextlib.suppress(Exception):
         await relay_process.stop()
+
+
+def _logical_capable(db_url: str) -> bool:
+    """Whether ``db_url``'s database has logical decoding (a bad URL raises its one-line error)."""
+    return dialect_of(parse_url(db_url)).logical_replication

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.tables import metadata
 from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, Text, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -63,7 +63,7 @@ async def record(
 ) -> None:
     """Write one audit row (its own transaction)."""
     values = {
-        "at_ms": db_now_ms(engine.dialect.name),
+        "at_ms": dialect_of(engine).now_ms(),
         "actor": actor[:128],
         "role": role,
         "action": action,

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outboxkit.consumers.tables import inbox_events
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert, supported
+from outboxkit.outbox.dialects import DIALECTS, POSTGRESQL, dialect_of
 from sqlalchemy import Insert, Select, String, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -26,27 +25,19 @@ log = logging.getLogger("outboxkit.consumer")
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_PURGE_CHUNK = 5_000
-# Keys per claim statement. SQLite binds three parameters per row and older builds allow 999;
-# PostgreSQL binds two arrays whatever the count, the bound only keeps statements short.
-CLAIM_CHUNK = {"postgresql": 1_000, "sqlite": 300}
+# Keys per claim statement, by database (the dialects' ``claim_chunk``).
+CLAIM_CHUNK = {name: dialect.claim_chunk for name, dialect in DIALECTS.items()}
 
 Key = tuple[str, str]
+_KEY = ["consumer", "source", "event_id"]
 
 
 def claim_statement(dialect_name: str, consumer: str, source: str, event_id: str) -> Insert:
     """The idempotent INSERT of one inbox row; it returns a row only when it inserted one."""
-    statement: Insert = (
-        dialect_insert(dialect_name)(inbox_events)
-        .values(
-            consumer=consumer,
-            source=source,
-            event_id=event_id,
-            processed_ms=db_now_ms(dialect_name),
-        )
-        .on_conflict_do_nothing(index_elements=["consumer", "source", "event_id"])
-        .returning(inbox_events.c.processed_ms)
-    )
-    return statement
+    dialect = dialect_of(dialect_name)
+    return dialect.insert_or_skip(
+        inbox_events, _KEY, returning=[inbox_events.c.processed_ms]
+    ).values(consumer=consumer, source=source, event_id=event_id, processed_ms=dialect.now_ms())
 
 
 async def claim(session: AsyncSession, consumer: str, source: str, event_id: str) -> bool:
@@ -54,7 +45,7 @@ async def claim(session: AsyncSession, consumer: str, source: str, event_id: str
 
     Returns ``False`` when it was already recorded, i.e. the event is a duplicate.
     """
-    statement = claim_statement(session.get_bind().dialect.name, consumer, source, event_id)
+    statement = claim_statement(dialect_of(session).name, consumer, source, event_id)
     return (await session.execute(statement)).first() is not None
 
 
@@ -65,26 +56,26 @@ def claim_many_statement(dialect_name: str, consumer: str, keys: Sequence[Key]) 
     for any number of keys and stays prepared; on SQLite they are a multi-row VALUES list.
     :func:`claim_many` uses it on SQLite; on PostgreSQL it runs :func:`postgres_claim` instead.
     """
-    supported(dialect_name)
+    dialect = dialect_of(dialect_name)
     columns = inbox_events.c
     statement: postgresql.Insert | sqlite.Insert
-    if dialect_name == "postgresql":
+    if dialect.array_parameters:
         statement = _postgres_insert(
             bindparam("consumer", consumer, type_=String),
             bindparam("sources", [k[0] for k in keys], type_=postgresql.ARRAY(String)),
             bindparam("ids", [k[1] for k in keys], type_=postgresql.ARRAY(String)),
         )
     else:
-        now = db_now_ms(dialect_name)
-        statement = sqlite.insert(inbox_events).values(
+        now = dialect.now_ms()
+        statement = dialect.insert(inbox_events).values(
             [
                 {"consumer": consumer, "source": source, "event_id": event_id, "processed_ms": now}
                 for source, event_id in keys
             ]
         )
-    return statement.on_conflict_do_nothing(
-        index_elements=["consumer", "source", "event_id"]
-    ).returning(columns.source, columns.event_id)
+    return statement.on_conflict_do_nothing(index_elements=_KEY).returning(
+        columns.source, columns.event_id
+    )
 
 
 def _postgres_insert(consumer: Any, sources: Any, ids: Any) -> postgresql.Insert:
@@ -92,7 +83,7 @@ def _postgres_insert(consumer: Any, sources: Any, ids: Any) -> postgresql.Insert
     rows = (
         func.unnest(sources, ids).table_valued("source", "event_id").render_derived(name="claimed")
     )
-    chosen = select(consumer, rows.c.source, rows.c.event_id, db_now_ms("postgresql"))
+    chosen = select(consumer, rows.c.source, rows.c.event_id, POSTGRESQL.now_ms())
     return postgresql.insert(inbox_events).from_select(
         ["consumer", "source", "event_id", "processed_ms"], chosen
     )
@@ -111,7 +102,7 @@ def postgres_claim() -> Select[Sequence[Any], Sequence[Any]]:
             bindparam("sources", type_=postgresql.ARRAY(String)),
             bindparam("ids", type_=postgresql.ARRAY(String)),
         )
-        .on_conflict_do_nothing(index_elements=["consumer", "source", "event_id"])
+        .on_conflict_do_nothing(index_elements=_KEY)
         .returning(columns.source, columns.event_id)
         .cte("inserted")
     )
@@ -128,12 +119,12 @@ async def claim_many(session: AsyncSession, consumer: str, keys: Sequence[Key]) 
     unique = list(dict.fromkeys(keys))
     if not unique:
         return set()
-    dialect_name = session.get_bind().dialect.name
-    size = CLAIM_CHUNK.get(dialect_name, 300)
+    dialect = dialect_of(session)
+    size = dialect.claim_chunk
     fresh: set[Key] = set()
     for start in range(0, len(unique), size):
         chunk = unique[start : start + size]
-        if dialect_name == "postgresql":
+        if dialect.array_parameters:
             parameters = {
                 "consumer": consumer,
                 "sources": [key[0] for key in chunk],
@@ -143,7 +134,7 @@ async def claim_many(session: AsyncSession, consumer: str, keys: Sequence[Key]) 
             if sources:
                 fresh.update(zip(sources, ids, strict=True))
         else:
-            statement = claim_many_statement(dialect_name, consumer, chunk)
+            statement = claim_many_statement(dialect.name, consumer, chunk)
             fresh.update(
                 (source, event_id) for source, event_id in await session.execute(statement)
             )
@@ -172,7 +163,7 @@ async def purge_inbox(
     removed = 0
     while True:
         async with engine.begin() as connection:
-            cutoff = db_now_ms(connection.dialect.name) - window_ms
+            cutoff = dialect_of(connection).now_ms() - window_ms
             oldest = select(columns.consumer, columns.source, columns.event_id).where(
                 columns.processed_ms < cutoff
             )

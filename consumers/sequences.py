@@ -49,8 +49,7 @@ from outboxkit.consumers.tables import (
     consumer_held_events,
     consumer_sequences,
 )
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import PermanentError
 from sqlalchemy import Row, and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -210,11 +209,11 @@ class SequenceKeeper:
         if not entries:
             return
         async with self._sessions() as session, session.begin():
-            dialect = session.get_bind().dialect.name
+            dialect = dialect_of(session)
             for record, step, error in entries:
                 source, event_id, _ = _identity(step)
                 statement = (
-                    dialect_insert(dialect)(consumer_sequences)
+                    dialect.insert(consumer_sequences)
                     .values(
                         consumer=self.consumer,
                         topic=record.topic,
@@ -227,7 +226,7 @@ class SequenceKeeper:
                         head_offset=record.offset,
                         head_error=(error or "-")[:200],
                         held=0,
-                        blocked_ms=db_now_ms(dialect),
+                        blocked_ms=dialect.now_ms(),
                     )
                     .on_conflict_do_nothing(index_elements=["consumer", "topic", "key_hash"])
                 )
@@ -249,12 +248,12 @@ class SequenceKeeper:
     # -- held records ---------------------------------------------------------------------
 
     async def _write_holds(self, session: AsyncSession, holds: Sequence[_Hold]) -> None:
-        dialect = session.get_bind().dialect.name
+        dialect = dialect_of(session)
         counts: dict[KeyRef, int] = {}
         for hold in holds:
             record = hold.record
             inserted = await session.execute(
-                dialect_insert(dialect)(consumer_held_events)
+                dialect.insert(consumer_held_events)
                 .values(
                     consumer=self.consumer,
                     topic=record.topic,
@@ -268,7 +267,7 @@ class SequenceKeeper:
                     record_value=record.value,
                     record_headers=_encode_headers(record.headers),
                     record_timestamp=record.timestamp,
-                    held_ms=db_now_ms(dialect),
+                    held_ms=dialect.now_ms(),
                 )
                 .on_conflict_do_nothing(
                     index_elements=["consumer", "topic", "key_hash", "kafka_offset"]
@@ -296,7 +295,7 @@ class SequenceKeeper:
                     h.record for h in holds if (h.record.topic, h.key_hash) == (topic, hashed)
                 )
                 await session.execute(
-                    dialect_insert(dialect)(consumer_sequences)
+                    dialect.insert(consumer_sequences)
                     .values(
                         consumer=self.consumer,
                         topic=topic,
@@ -305,7 +304,7 @@ class SequenceKeeper:
                         kafka_partition=record.partition,
                         state="released",
                         held=count,
-                        blocked_ms=db_now_ms(dialect),
+                        blocked_ms=dialect.now_ms(),
                         resolution="orphaned",
                     )
                     .on_conflict_do_nothing(index_elements=["consumer", "topic", "key_hash"])
@@ -367,7 +366,7 @@ class SequenceKeeper:
     async def _lease(self, topic: str, hashed: str) -> bool:
         table = consumer_sequences.c
         async with self._sessions() as session, session.begin():
-            now = db_now_ms(session.get_bind().dialect.name)
+            now = dialect_of(session).now_ms()
             result = await session.execute(
                 update(consumer_sequences)
                 .where(
@@ -449,7 +448,7 @@ class SequenceKeeper:
                     head_event_id=row.event_id,
                     head_offset=row.kafka_offset,
                     head_error=(error or "-")[:200],
-                    blocked_ms=db_now_ms(session.get_bind().dialect.name),
+                    blocked_ms=dialect_of(session).now_ms(),
                     resolution=None,
                     resolved_by=None,
                     reason=None,

@@ -21,8 +21,7 @@ from typing import Any, cast
 
 from outboxkit.idempotency.fingerprint import Fingerprint
 from outboxkit.idempotency.tables import COMPLETED, IN_PROGRESS, http_idempotency_keys
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.dialects import dialect_of
 from sqlalchemy import BigInteger, CursorResult, delete, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
@@ -139,7 +138,7 @@ class IdempotencyStore:
         """The current time in epoch ms as SQL: the injected clock's, else the database's."""
         if self.clock is not None:
             return literal(math.floor(self.clock() * 1000), BigInteger)
-        return db_now_ms(session.get_bind().dialect.name)
+        return dialect_of(session).now_ms()
 
     async def claim(
         self, session: AsyncSession, scope: str, key: str, request: Fingerprint
@@ -150,7 +149,8 @@ class IdempotencyStore:
             token = str(uuid.uuid4())
             now = self.now(session)
             inserted = await session.execute(
-                dialect_insert(session.get_bind().dialect.name)(keys)
+                dialect_of(session)
+                .insert(keys)
                 .values(
                     scope=scope,
                     idem_key=key,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from alembic import context
 from outboxkit.migrations.runner import VERSION_TABLE
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.dialects import dialect_of
 from sqlalchemy import Connection
 
 
@@ -16,7 +17,7 @@ def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         version_table=VERSION_TABLE,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=dialect_of(connection).batch_alter_table,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -11,11 +11,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from outboxkit.outbox.db import make_async_engine, parse_url
 from outboxkit.outbox.db_failures import tls_failure
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import OutboxError
 from outboxkit.outbox.kafka_failures import explain, mask
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -72,14 +72,12 @@ def ops_engine(db_url: str, timeout: float) -> AsyncEngine:
     A SQLite file that does not exist is an error rather than a new empty database.
     """
     url = parse_url(db_url)
-    backend = url.get_backend_name()
-    connect_args: dict[str, Any] = {}
-    if backend == "sqlite":
+    dialect = dialect_of(url)
+    if dialect.file_database:
         database = url.database or ""
         if database and database != ":memory:" and not Path(database).exists():
             raise DatabaseUnreachableError(f"database file {database} does not exist")
-    elif backend == "postgresql":
-        connect_args["timeout"] = timeout  # asyncpg's connection timeout
+    connect_args = dialect.connect_timeout_args(timeout)
     try:
         return make_async_engine(db_url, connect_args=connect_args)
     except ValueError as error:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from outboxkit.outbox.clock import db_now_ms, read_db_now_ms
+from outboxkit.outbox.clock import read_db_now_ms
+from outboxkit.outbox.dialects import Dialect, dialect_of
 from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -77,9 +78,9 @@ _COLUMNS = (
 )
 
 
-def _where(which: Which, dialect: str) -> tuple[Any, Any]:
+def _where(which: Which, dialect: Dialect) -> tuple[Any, Any]:
     """The condition and the order of ``which`` rows."""
-    now = db_now_ms(dialect)
+    now = dialect.now_ms()
     deliver_at = outbox_events.c.deliver_at_ms
     if which == "parked":
         return PARKED, outbox_events.c.parked_ms
@@ -99,7 +100,7 @@ class RowFilter:
     after: tuple[int, int] | None = None
 
 
-def _conditions(which: Which, dialect: str, wanted: RowFilter) -> tuple[Any, Any]:
+def _conditions(which: Which, dialect: Dialect, wanted: RowFilter) -> tuple[Any, Any]:
     where, order = _where(which, dialect)
     for column, value in (
         (outbox_events.c.topic, wanted.topic),
@@ -117,7 +118,7 @@ async def list_rows(
     """Parked rows (oldest parked first), pending rows (oldest first) or scheduled rows (next
     due first), and the database time; ``wanted`` filters them and pages by keyset."""
     wanted = wanted or RowFilter()
-    where, order = _conditions(which, engine.dialect.name, wanted)
+    where, order = _conditions(which, dialect_of(engine), wanted)
     if wanted.after is not None:
         value, last_id = wanted.after
         if order is outbox_events.c.id:
@@ -149,7 +150,7 @@ async def count_rows(
 ) -> int:
     """How many rows are parked, pending or scheduled (and match ``wanted``); with ``at_most``,
     counting stops there (a page's "10,000 or more" without reading a million index entries)."""
-    where, _ = _conditions(which, engine.dialect.name, wanted or RowFilter())
+    where, _ = _conditions(which, dialect_of(engine), wanted or RowFilter())
     if at_most is None:
         query = select(func.count()).select_from(outbox_events).where(where)
     else:
@@ -190,24 +191,24 @@ async def requeue_all_parked(engine: AsyncEngine) -> int:
 async def requeue_matching(engine: AsyncEngine, wanted: RowFilter) -> int:
     """Requeue the parked rows that match ``wanted`` (topic, type, source); return how many."""
     where, _ = _conditions(
-        "parked", engine.dialect.name, RowFilter(wanted.topic, wanted.type, wanted.source)
+        "parked", dialect_of(engine), RowFilter(wanted.topic, wanted.type, wanted.source)
     )
     async with engine.begin() as connection:
         return await _requeue_where(connection, where)
 
 
 async def _requeue_where(connection: AsyncConnection, condition: Any) -> int:
-    dialect = connection.dialect.name
+    dialect = dialect_of(connection)
     result = await connection.execute(
         update(outbox_events)
         .where(condition, PARKED)
         .values(
             parked_ms=None,
             attempts=0,
-            available_ms=db_now_ms(dialect),
+            available_ms=dialect.now_ms(),
         )
     )
-    if dialect == "postgresql" and result.rowcount:
+    if dialect.listen_notify and result.rowcount:
         from outboxkit.relay.notify import CHANNEL
 
         # The relays' trigger fires on INSERT only; wake them now instead of at their next poll.

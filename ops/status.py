@@ -36,8 +36,8 @@ from outboxkit.ops.access import (
 from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.sequences import summarize as summarize_sequences
 from outboxkit.ops.dlq.tables import dlq_replays
-from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.db import parse_url
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
@@ -430,7 +430,7 @@ async def _read_kafka(
 
 async def database_status(engine: AsyncEngine) -> DatabaseStatus:
     """Read the outbox, relay, lease, action and inbox facts in one connection."""
-    now = db_now_ms(engine.dialect.name)
+    now = dialect_of(engine).now_ms()
     ops = agent_operations.c
     async with engine.connect() as connection:
         now_ms = int(await connection.scalar(select(now)) or 0)

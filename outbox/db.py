@@ -13,23 +13,22 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
 from outboxkit.outbox.errors import (
     InvalidDatabaseUrlError,
     NotMigratedError,
     UnsupportedDatabaseError,
 )
-from outboxkit.outbox.extras import POSTGRES, require
+from outboxkit.outbox.extras import require
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-_ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite"}
-_SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
@@ -144,12 +143,12 @@ def async_url(url: str) -> str:
     :func:`make_async_engine` hands the TLS parameters to asyncpg as it expects them; a URL
     from here given to ``create_async_engine`` directly needs :func:`asyncpg_connect_args`.
     """
-    return _with_driver(url, _ASYNC_DRIVERS)
+    return _with_driver(url, lambda dialect: dialect.async_driver)
 
 
 def sync_url(url: str) -> str:
     """Return ``url`` with the sync driver outboxkit uses (psycopg reads libpq's parameters)."""
-    return _with_driver(url, _SYNC_DRIVERS)
+    return _with_driver(url, lambda dialect: dialect.sync_driver)
 
 
 def parse_url(url: str) -> URL:
@@ -166,18 +165,18 @@ def parse_url(url: str) -> URL:
             "invalid database URL: expected e.g. postgresql://user:password@host:5432/db "
             "or sqlite:///path/to/file.db"
         ) from None
-    if parsed.get_backend_name() not in _ASYNC_DRIVERS:
+    if parsed.get_backend_name() not in DIALECTS:
         raise UnsupportedDatabaseError(
             f"unsupported database URL {parsed!r}: use postgresql:// or sqlite://"
         )
     return parsed
 
 
-def _with_driver(url: str, drivers: dict[str, str]) -> str:
+def _with_driver(url: str, driver: Callable[[Dialect], str]) -> str:
     parsed = parse_url(url)
-    backend = parsed.get_backend_name()
-    parsed = parsed.set(drivername=drivers[backend])
-    if backend == "postgresql":
+    dialect = dialect_of(parsed)
+    parsed = parsed.set(drivername=driver(dialect))
+    if dialect.url_tls:
         tls = pg_tls(parsed)
         parsed = parsed.difference_update_query(TLS_PARAMETERS).update_query_dict(tls.libpq_query())
     return parsed.render_as_string(hide_password=False)
@@ -192,10 +191,9 @@ def asyncpg_connect_args(url: str | URL) -> dict[str, Any]:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
     url = sync_url(url)
-    if url.startswith("postgresql+psycopg:"):
-        require("psycopg", POSTGRES, "PostgreSQL")
+    _require_driver(url, sync=True)
     engine = create_engine(url, **kwargs)
-    if engine.dialect.name == "sqlite":
+    if dialect_of(engine).single_writer:
         _use_immediate_transactions(engine)
     return engine
 
@@ -208,14 +206,22 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL.
     """
     url = async_url(url)
-    if url.startswith("postgresql+asyncpg:"):
-        require("asyncpg", POSTGRES, "PostgreSQL")
+    _require_driver(url, sync=False)
     engine = create_async_engine(url, **kwargs)
-    if engine.dialect.name == "sqlite":
+    dialect = dialect_of(engine)
+    if dialect.single_writer:
         _use_immediate_transactions(engine.sync_engine)
-    elif engine.dialect.name == "postgresql":
+    elif dialect.url_tls:
         _translate_tls_for_asyncpg(engine.sync_engine, asyncpg_connect_args(engine.url))
     return engine
+
+
+def _require_driver(url: str, *, sync: bool) -> None:
+    """Raise :class:`MissingExtraError` naming the extra when the driver is not installed."""
+    dialect = dialect_of(make_url(url))
+    if dialect.drivers_extra is not None:
+        module = dialect.sync_module if sync else dialect.async_module
+        require(module, dialect.drivers_extra, dialect.title)
 
 
 def _translate_tls_for_asyncpg(engine: Engine, tls_args: dict[str, Any]) -> None:

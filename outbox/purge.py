@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_of
 from sqlalchemy import ColumnElement, CursorResult, Table, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -33,16 +33,10 @@ async def delete_in_chunks(
     chunks = 0
     while max_chunks is None or chunks < max_chunks:
         async with sessions() as session, session.begin():
-            selected = condition(db_now_ms(session.get_bind().dialect.name))
-            ids = (
-                await session.scalars(
-                    select(table.c.id)
-                    .where(selected)
-                    .order_by(table.c.id)
-                    .limit(chunk_size)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
+            dialect = dialect_of(session)
+            selected = condition(dialect.now_ms())
+            oldest = select(table.c.id).where(selected).order_by(table.c.id).limit(chunk_size)
+            ids = (await session.scalars(dialect.claim_skip_locked(oldest))).all()
             if ids:
                 result = await session.execute(delete(table).where(table.c.id.in_(ids), selected))
                 total += cast("CursorResult[Any]", result).rowcount

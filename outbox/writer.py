@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.outbox import wal_at_commit, wal_message
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.dialects import Dialect, dialect_of
 from outboxkit.outbox.errors import InvalidEventError
 from outboxkit.outbox.events import EncodedEvent, encode_binary
 from outboxkit.outbox.sharding import shard_for
@@ -103,8 +102,8 @@ class Outbox:
         """
         if not isinstance(session, Session):  # an AsyncSession is not a Session
             raise TypeError("Outbox.add takes a sync Session; use 'await outbox.add_async(...)'")
-        dialect_name = session.get_bind().dialect.name
-        statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
+        dialect = dialect_of(session)
+        statement, values = self._insert(dialect, event, topic, deliver_at, delay_s)
         if statement is EMIT:
             if self.emit_at_commit and wal_at_commit.can_defer(session):
                 wal_at_commit.defer(session, values["content"])
@@ -128,8 +127,8 @@ class Outbox:
         """
         if not isinstance(session, AsyncSession):
             raise TypeError("Outbox.add_async takes an AsyncSession; use outbox.add(...)")
-        dialect_name = session.get_bind().dialect.name
-        statement, values = self._insert(dialect_name, event, topic, deliver_at, delay_s)
+        dialect = dialect_of(session)
+        statement, values = self._insert(dialect, event, topic, deliver_at, delay_s)
         if statement is EMIT:
             await session.execute(statement, values)
             return True
@@ -148,8 +147,8 @@ class Outbox:
             raise TypeError("Outbox.add_all_async takes an AsyncSession")
         if not events:
             return 0
-        dialect_name = session.get_bind().dialect.name
-        inserts = [self._insert(dialect_name, event, topic, None, None) for event in events]
+        dialect = dialect_of(session)
+        inserts = [self._insert(dialect, event, topic, None, None) for event in events]
         statement = inserts[0][0]
         values = [value for _, value in inserts]
         if statement is EMIT:
@@ -159,7 +158,7 @@ class Outbox:
 
     def _insert(
         self,
-        dialect_name: str,
+        dialect: Dialect,
         event: CloudEvent,
         topic: str | None,
         deliver_at: datetime | None,
@@ -170,11 +169,11 @@ class Outbox:
         topic = self.topic_for(encoded.type, topic)
         values = outbox_row(encoded, topic)
         if schedule is None:
-            if self.wal_messages and dialect_name == "postgresql":
+            if self.wal_messages and dialect.logical_replication:
                 return EMIT, {"content": wal_message.encode(values)}
-            return insert_statement(dialect_name), values
+            return insert_statement(dialect.name), values
         kind, values["due_ms"] = schedule
-        return insert_statement(dialect_name, kind), values
+        return insert_statement(dialect.name, kind), values
 
 
 Schedule = Literal["at", "delay"]
@@ -226,7 +225,8 @@ def insert_statement(dialect_name: str, schedule: Schedule | None = None) -> Ins
     added to the database's clock (``"delay"``); a due time not in the future leaves the row
     unscheduled, so it is published like any other (in write order with its key).
     """
-    now_ms = db_now_ms(dialect_name)
+    dialect = dialect_of(dialect_name)
+    now_ms = dialect.now_ms()
     columns: dict[str, BindParameter[Any] | ColumnElement[Any]] = {
         name: bindparam(name) for name in _ROW_COLUMNS
     }
@@ -236,13 +236,9 @@ def insert_statement(dialect_name: str, schedule: Schedule | None = None) -> Ins
             columns["deliver_at_ms"] = case((due > 0, now_ms + due), else_=None)
         else:
             columns["deliver_at_ms"] = case((due > now_ms, due), else_=None)
-    statement: Insert = (
-        dialect_insert(dialect_name)(outbox_events)
-        .values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)
-        .on_conflict_do_nothing(index_elements=["source", "event_id"])
-        .returning(outbox_events.c.id)
-    )
-    return statement
+    return dialect.insert_or_skip(
+        outbox_events, ["source", "event_id"], returning=[outbox_events.c.id]
+    ).values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)
 
 
 _ROW_COLUMNS = ("source", "event_id", "type", "topic", "kafka_key", "shard", "headers", "payload")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.tables import outbox_events, outbox_shard_leases
 from sqlalchemy import (
     BigInteger,
@@ -125,8 +125,8 @@ class Claims:
     def __init__(self, engine: AsyncEngine, relay_id: str) -> None:
         self.engine = engine
         self.relay_id = relay_id
-        self._now = db_now_ms(engine.dialect.name)
-        self._postgresql = engine.dialect.name == "postgresql"
+        self._dialect = dialect_of(engine)
+        self._now = self._dialect.now_ms()
         self._claim_statement = self._build_claim_statement()
         self._next_due_statement = self._build_next_due_statement()
         self._build_settle_statements()
@@ -243,7 +243,7 @@ class Claims:
         array parameter, so the statement text does not change with the list's length. A
         negated list must not be empty: pass ``[0]`` for none."""
         column = outbox_events.c.id
-        if self._postgresql:
+        if self._dialect.array_parameters:
             ids = bindparam(name, type_=ARRAY(BigInteger))
             return column != all_(ids) if negated else column == any_(ids)
         ids = bindparam(name, expanding=True)
@@ -262,7 +262,7 @@ class Claims:
         for attempt in (1, 2):
             try:
                 async with self.engine.connect() as conn:
-                    if len(work) == 1 and self._postgresql:
+                    if len(work) == 1 and self._dialect.autocommit_statements:
                         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                         return [await conn.execute(*work[0])]
                     async with conn.begin():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_relays, outbox_shard_leases
 from sqlalchemy import and_, delete, func, or_, select, update
@@ -35,11 +35,11 @@ class ShardLeases:
     def exclusive(self) -> bool:
         """One relay holds every shard: on SQLite (one writer at a time) and in logical mode
         (one reader per replication slot)."""
-        return self.take_all or self.engine.dialect.name == "sqlite"
+        return self.take_all or dialect_of(self.engine).single_writer
 
     async def heartbeat(self) -> frozenset[int]:
         """Register as alive, renew held leases, release or take shards toward a fair share."""
-        now = db_now_ms(self.engine.dialect.name)
+        now = dialect_of(self.engine).now_ms()
         async with self.engine.begin() as conn:
             updated = await conn.execute(
                 update(outbox_relays)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.tables import outbox_events
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -15,7 +15,7 @@ async def delete_published(engine: AsyncEngine, retention_ms: int, chunk: int) -
     read first: PostgreSQL may evaluate a volatile-clock ``IN (SELECT ... LIMIT n)`` more than
     once, which would let one chunk delete more than ``n`` rows.
     """
-    now = db_now_ms(engine.dialect.name)
+    now = dialect_of(engine).now_ms()
     oldest = (
         select(outbox_events.c.id)
         .where(

@@ -12,6 +12,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from outboxkit.outbox.db import is_missing_table, make_async_engine, require_tables
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import NotMigratedError
 from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.kafka_settings import KafkaSettings
@@ -183,7 +184,7 @@ class Relay:
 
     async def _work(self) -> None:
         listener = None
-        if self.options.listen and self.engine.dialect.name == "postgresql":
+        if self.options.listen and dialect_of(self.engine).listen_notify:
             listener = CommitListener(self.engine.url, self._wake)
             listener.start()
         log.info("relay %s started (%s mode)", self.relay_id, self.options.mode)

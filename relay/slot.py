@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import OutboxError
 from outboxkit.relay.replication import SlotStream
 from sqlalchemy import BigInteger, bindparam, text
@@ -83,7 +84,7 @@ def parse_lsn(lsn: str) -> int:
 
 async def require_logical(engine: AsyncEngine) -> None:
     """Raise :class:`LogicalModeError` unless logical mode can run on ``engine``'s database."""
-    if engine.dialect.name != "postgresql":
+    if not dialect_of(engine).logical_replication:
         raise LogicalModeError(
             f"logical mode needs PostgreSQL, not {engine.dialect.name}: use --mode poll"
         )
@@ -308,7 +309,7 @@ class Slot:
 
 async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
     """The logical slots of the connection's database (none on SQLite)."""
-    if conn.dialect.name != "postgresql":
+    if not dialect_of(conn).logical_replication:
         return []
     query = text(
         "SELECT s.slot_name, active, coalesce(wal_status, 'reserved') AS wal_status, "

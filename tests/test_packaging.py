@@ -33,7 +33,8 @@ def test_a_wheel_installs_only_the_outboxkit_package(tmp_path: Path) -> None:
     assert {top for top in tops if not top.endswith(".dist-info")} == {"outboxkit"}
     top_level = next(name for name in names if name.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["outboxkit"]
-    for module in ("relay/runner.py", "consumers/runtime.py", "migrations/versions/0001_outbox.py"):
+    shipped = ("relay/runner.py", "consumers/runtime.py", "migrations/versions/0001_outbox.py")
+    for module in (*shipped, "outbox/dialects/postgresql.py", "outbox/dialects/sqlite.py"):
         assert f"outboxkit/{module}" in names
     assert "outboxkit/py.typed" in names
 

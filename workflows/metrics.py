@@ -14,10 +14,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.db import make_engine, parse_url
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.workflows.records import COMPENSATING, TERMINAL, Status
 from outboxkit.workflows.tables import workflow_instances
 from prometheus_client import Counter
@@ -174,13 +173,7 @@ class WorkflowCollector(Collector):
         timeout_s: float = 5.0,
     ) -> WorkflowCollector:
         """A collector with its own small pool on ``url``; a read is bounded by ``timeout_s``."""
-        args: dict[str, Any] = {}
-        if url.startswith("postgresql"):
-            timeout_ms = int(timeout_s * 1000)
-            args = {
-                "connect_timeout": max(1, int(timeout_s)),
-                "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
-            }
+        args = dialect_of(parse_url(url)).bounded_sync_args(timeout_s)
         engine = make_engine(
             url, pool_size=1, max_overflow=1, pool_pre_ping=True, connect_args=args
         )
@@ -210,7 +203,7 @@ class WorkflowCollector(Collector):
         table = workflow_instances
         families = _families()
         now = int(self.clock() * 1000)
-        db_now = db_now_ms(conn.dialect.name)
+        db_now = dialect_of(conn).now_ms()
         rows = conn.execute(
             select(
                 table.c.name, table.c.state, func.count(), func.min(table.c.state_since_ms)

@@ -11,8 +11,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
 from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
 from sqlalchemy import Select, String, Table, and_, func, or_, select, text, tuple_, update
@@ -27,17 +26,14 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
-def _dialect(session: AsyncSession) -> str:
-    return session.get_bind().dialect.name
-
-
 async def insert_instance(session: AsyncSession, values: Mapping[str, Any]) -> bool:
     """Insert an instance unless ``(tenant, workflow_id)`` exists; True if inserted."""
     statement = (
-        dialect_insert(_dialect(session))(workflow_instances)
+        dialect_of(session)
+        .insert_or_skip(
+            workflow_instances, ["tenant", "workflow_id"], returning=[workflow_instances.c.id]
+        )
         .values(**values)
-        .on_conflict_do_nothing(index_elements=["tenant", "workflow_id"])
-        .returning(workflow_instances.c.id)
     )
     return (await session.execute(statement)).first() is not None
 
@@ -49,8 +45,8 @@ async def get(
     query = select(workflow_instances).where(
         workflow_instances.c.tenant == tenant, workflow_instances.c.workflow_id == workflow_id
     )
-    if lock and _dialect(session) == "postgresql":
-        query = query.with_for_update()
+    if lock:
+        query = dialect_of(session).lock(query)
     row = (await session.execute(query)).mappings().first()
     return None if row is None else WorkflowRecord.from_row(row)
 
@@ -71,8 +67,8 @@ async def claim_due(
     leased, or leased by a worker whose lease ran out (database clock). Several workers claim
     side by side: on PostgreSQL, ``FOR UPDATE SKIP LOCKED`` keeps them off each other's rows.
     """
-    dialect = _dialect(session)
-    db_now = db_now_ms(dialect)
+    dialect = dialect_of(session)
+    db_now = dialect.now_ms()
     table = workflow_instances
     due = (
         select(table.c.id)
@@ -86,8 +82,7 @@ async def claim_due(
         .order_by(table.c.run_at_ms)
         .limit(limit)
     )
-    if dialect == "postgresql":
-        due = due.with_for_update(skip_locked=True)
+    due = dialect.claim_skip_locked(due)
     statement = (
         update(table)
         .where(table.c.id.in_(due.scalar_subquery()))
@@ -162,10 +157,9 @@ def fit(value: str, length: int) -> str:
 async def insert_signal(session: AsyncSession, values: Mapping[str, Any]) -> bool:
     """Record a signal unless its ``(source, event_id)`` was seen; True if recorded."""
     statement = (
-        dialect_insert(_dialect(session))(workflow_signals)
+        dialect_of(session)
+        .insert_or_skip(workflow_signals, ["source", "event_id"], returning=[workflow_signals.c.id])
         .values(**values)
-        .on_conflict_do_nothing(index_elements=["source", "event_id"])
-        .returning(workflow_signals.c.id)
     )
     return (await session.execute(statement)).first() is not None
 
@@ -203,7 +197,7 @@ async def set_signal_outcome(
 
 async def notify(session: AsyncSession, payload: str) -> None:
     """Wake the workers (PostgreSQL, at commit); nothing on SQLite, whose workers poll."""
-    if _dialect(session) == "postgresql":
+    if dialect_of(session).listen_notify:
         await session.execute(
             text("SELECT pg_notify(:channel, :payload)"),
             {"channel": NOTIFY_CHANNEL, "payload": payload[:7000]},

@@ -13,6 +13,7 @@ import logging
 
 from outboxkit.actions.store import new_holder
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.notify import LISTEN_ERRORS, listening
 from outboxkit.workflows.engine import WorkflowEngine
 from outboxkit.workflows.store import NOTIFY_CHANNEL
@@ -106,7 +107,7 @@ class WorkflowWorker:
     async def _listen(self, stack: contextlib.AsyncExitStack) -> None:
         url = self.engine.sessions.kw.get("bind")
         engine_url = getattr(url, "url", None)
-        if not self.listen or engine_url is None or engine_url.get_backend_name() != "postgresql":
+        if not self.listen or engine_url is None or not dialect_of(engine_url).listen_notify:
             return
         try:
             await stack.enter_async_context(

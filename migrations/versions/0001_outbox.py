@@ -7,6 +7,7 @@ Create Date: 2026-11-30
 
 import sqlalchemy as sa
 from alembic import op
+from outboxkit.outbox.dialects import dialect_of
 
 revision = "0001_outbox"
 down_revision = None
@@ -82,7 +83,7 @@ def upgrade() -> None:
     op.bulk_insert(
         leases, [{"shard": s, "holder": None, "expires_ms": 0} for s in range(SHARD_COUNT)]
     )
-    if op.get_bind().dialect.name == "postgresql":
+    if dialect_of(op.get_bind()).listen_notify:
         op.execute(
             f"""
             CREATE FUNCTION outboxkit_notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -100,7 +101,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Drop everything :func:`upgrade` created."""
-    if op.get_bind().dialect.name == "postgresql":
+    if dialect_of(op.get_bind()).listen_notify:
         op.execute("DROP TRIGGER IF EXISTS outboxkit_outbox_notify ON outbox_events")
         op.execute("DROP FUNCTION IF EXISTS outboxkit_notify_outbox()")
     op.drop_table("outbox_shard_leases")

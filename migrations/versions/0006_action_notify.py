@@ -12,6 +12,7 @@ few seconds and must not wake every waiter of every operation.
 """
 
 from alembic import op
+from outboxkit.outbox.dialects import dialect_of
 
 revision = "0006_action_notify"
 down_revision = "0005_outbox_no_row_leases"
@@ -23,7 +24,7 @@ NOTIFY_CHANNEL = "outboxkit_actions"  # outboxkit.actions.waiting.CHANNEL
 
 def upgrade() -> None:
     """Create the function and the two triggers (insert; update of state, generation, attempt)."""
-    if op.get_bind().dialect.name != "postgresql":
+    if not dialect_of(op.get_bind()).listen_notify:
         return
     op.execute(
         f"""
@@ -49,7 +50,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Drop the triggers and the function."""
-    if op.get_bind().dialect.name != "postgresql":
+    if not dialect_of(op.get_bind()).listen_notify:
         return
     op.execute("DROP TRIGGER IF EXISTS outboxkit_action_notify_update ON agent_operations")
     op.execute("DROP TRIGGER IF EXISTS outboxkit_action_notify_insert ON agent_operations")

@@ -11,6 +11,7 @@ rows are filtered out by the server. Creating a publication needs no ``wal_level
 """
 
 from alembic import op
+from outboxkit.outbox.dialects import dialect_of
 
 revision = "0010_outbox_publication"
 down_revision = "0009_workflows"
@@ -22,7 +23,7 @@ PUBLICATION = "outboxkit_outbox"  # outboxkit.relay.slot.PUBLICATION
 
 def upgrade() -> None:
     """Create the publication of outbox inserts on PostgreSQL."""
-    if op.get_bind().dialect.name == "postgresql":
+    if dialect_of(op.get_bind()).logical_replication:
         op.execute(
             f"CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox_events WITH (publish = 'insert')"
         )
@@ -30,5 +31,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Drop the publication (drop the relay's slots first: ``outboxkit relay --drop-slot``)."""
-    if op.get_bind().dialect.name == "postgresql":
+    if dialect_of(op.get_bind()).logical_replication:
         op.execute(f"DROP PUBLICATION IF EXISTS {PUBLICATION}")

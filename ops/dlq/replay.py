@@ -47,8 +47,7 @@ from outboxkit.ops.dlq.reader import (
     UnknownTopicError,
 )
 from outboxkit.ops.dlq.tables import REPLAYED_BY_MAX, dlq_replays
-from outboxkit.outbox.clock import db_now_ms
-from outboxkit.outbox.dialects import dialect_insert
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.jsonable import as_json
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -421,21 +420,20 @@ class Replayer:
     ) -> None:
         if not acked:
             return
-        dialect = self.engine.dialect.name
-        insert = dialect_insert(dialect)
+        dialect = dialect_of(self.engine)
         rows = [
             {
                 "dlq_topic": dlq_topic,
                 "dlq_partition": record.partition,
                 "dlq_offset": record.offset,
                 "target_topic": target,
-                "replayed_ms": db_now_ms(dialect),
+                "replayed_ms": dialect.now_ms(),
                 "replayed_by": options.by,
                 "replay_id": replay_id,
             }
             for record, target in acked
         ]
-        statement = insert(dlq_replays).values(rows)
+        statement = dialect.insert(dlq_replays).values(rows)
         # A forced replay keeps one row per record and target: the latest replay of it.
         statement = statement.on_conflict_do_update(
             index_elements=["dlq_topic", "dlq_partition", "dlq_offset", "target_topic"],

@@ -1,0 +1,95 @@
+"""The :class:`Dialect` base class: what a store may ask about its database."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import BigInteger, Insert, literal_column
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import GenerativeSelect, TableClause
+
+_Query = TypeVar("_Query", bound=GenerativeSelect)
+
+
+class Dialect:
+    """One supported database, as the stores see it: its facts and the SQL spelled its way.
+
+    A store asks ``dialect_of(session)`` (:func:`outboxkit.outbox.dialects.dialect_of`)
+    instead of comparing the database's name; a new database is one subclass in its own
+    module, registered in ``outboxkit.outbox.dialects.DIALECTS``.
+    """
+
+    name: str
+    """SQLAlchemy's name of the database (``engine.dialect.name``, a URL's backend name)."""
+    async_driver: str
+    """The URL scheme outboxkit's async engines use (``outbox/db.py``)."""
+    sync_driver: str
+    """The URL scheme of its sync engines (migrations, the sync ``Outbox.add``)."""
+    title: str
+    """The database's name in messages (``PostgreSQL``)."""
+    drivers_extra: str | None
+    """The pip extra that installs the drivers (``None``: the base install has them)."""
+    async_module: str
+    """The async driver's module, imported first to name a missing extra."""
+    sync_module: str
+    """The sync driver's module."""
+    now_ms_sql: str
+    """SQL for the database clock in epoch milliseconds (:meth:`now_ms`)."""
+    claim_chunk: int
+    """Keys per multi-row claim statement (the inbox's ``claim_many``)."""
+    listen_notify: bool
+    """LISTEN/NOTIFY exists: triggers notify, relays and workers listen instead of polling."""
+    logical_replication: bool
+    """Logical decoding exists: WAL messages, publications, replication slots."""
+    array_parameters: bool
+    """A list binds as one array parameter, so a statement's text does not grow with it."""
+    single_writer: bool
+    """One writer at a time: transactions take the write lock at ``BEGIN``, and one relay
+    holds every shard."""
+    autocommit_statements: bool
+    """A single statement may run in autocommit (no ``BEGIN``/``COMMIT`` round trips)."""
+    batch_alter_table: bool
+    """``ALTER TABLE`` is limited: migrations alter by copying the table (Alembic's batch)."""
+    url_tls: bool
+    """The URL carries TLS parameters (libpq's ``sslmode``, ...) for the drivers."""
+
+    file_database: bool
+    """The URL's database is a file path (or ``:memory:``)."""
+
+    def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
+        """Async engine ``connect_args`` that give up a connection attempt after ``timeout_s``."""
+        return {}
+
+    def bounded_sync_args(self, timeout_s: float) -> dict[str, Any]:
+        """Sync engine ``connect_args`` bounding a connection attempt and each statement (and
+        its lock waits) by ``timeout_s``."""
+        return {}
+
+    def insert(self, table: TableClause) -> Any:
+        """The database's ``INSERT`` construct, with ``on_conflict_do_nothing``/``_do_update``."""
+        raise NotImplementedError
+
+    def insert_or_skip(
+        self, table: TableClause, conflict: Sequence[str], returning: Sequence[Any] = ()
+    ) -> Insert:
+        """``INSERT`` unless a row with the same ``conflict`` columns exists; with
+        ``returning``, the statement returns those columns of the row it inserted (no row
+        when it skipped)."""
+        statement = self.insert(table).on_conflict_do_nothing(index_elements=list(conflict))
+        result: Insert = statement.returning(*returning) if returning else statement
+        return result
+
+    def now_ms(self) -> ColumnElement[int]:
+        """A SQL expression for the database's current time in epoch milliseconds."""
+        return literal_column(self.now_ms_sql, BigInteger)
+
+    def claim_skip_locked(self, query: _Query) -> _Query:
+        """``query`` locking the rows it reads and skipping rows other transactions hold
+        (``FOR UPDATE SKIP LOCKED``), where the database has row locks."""
+        return query
+
+    def lock(self, query: _Query) -> _Query:
+        """``query`` locking the rows it reads for the transaction (``FOR UPDATE``), where
+        the database has row locks."""
+        return query

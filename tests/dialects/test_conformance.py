@@ -1,0 +1,147 @@
+"""What every :class:`~outboxkit.outbox.dialects.Dialect` must do, on its own database.
+
+Each test runs once per supported database (the ``db_url`` fixture); a new dialect passes
+these before any store uses it. The tables are outboxkit's own (``inbox_events``: a plain
+three-string key; ``dlq_replays``: an upsert target), migrated by the fixture.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from outboxkit.consumers.tables import inbox_events
+from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.outbox.clock import read_db_now_ms
+from outboxkit.outbox.db import make_async_engine, parse_url
+from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
+from outboxkit.outbox.errors import UnsupportedDatabaseError
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+KEY = ["consumer", "source", "event_id"]
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = make_async_engine(db_url)
+    yield engine
+    await engine.dispose()
+
+
+def _inbox_row(event_id: str, processed_ms: int = 1) -> dict[str, object]:
+    return {"consumer": "c", "source": "/s", "event_id": event_id, "processed_ms": processed_ms}
+
+
+async def test_every_way_to_name_the_database_finds_the_same_dialect(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    dialect = dialect_of(engine)
+    assert dialect is DIALECTS[engine.dialect.name]
+    async with engine.connect() as connection, AsyncSession(engine) as session:
+        bounds = [connection, session, engine.sync_engine, engine.dialect, parse_url(db_url)]
+        assert all(dialect_of(bound) is dialect for bound in bounds)
+    assert dialect_of(dialect.name) is dialect
+    assert engine.url.drivername == dialect.async_driver
+
+
+def test_a_database_without_a_dialect_is_refused() -> None:
+    with pytest.raises(UnsupportedDatabaseError, match="not 'mysql'"):
+        dialect_of("mysql")
+
+
+async def test_insert_or_skip_returns_the_row_it_inserted_and_nothing_when_it_skipped(
+    engine: AsyncEngine,
+) -> None:
+    dialect = dialect_of(engine)
+    statement = dialect.insert_or_skip(inbox_events, KEY, returning=[inbox_events.c.event_id])
+    async with engine.begin() as connection:
+        first = (await connection.execute(statement.values(_inbox_row("e-1", 5)))).all()
+        again = (await connection.execute(statement.values(_inbox_row("e-1", 9)))).all()
+        quiet = await connection.execute(
+            dialect.insert_or_skip(inbox_events, KEY).values(_inbox_row("e-2"))
+        )
+        assert not quiet.returns_rows
+    assert [tuple(row) for row in first] == [("e-1",)]
+    assert again == []
+    async with engine.connect() as connection:
+        rows = (
+            await connection.execute(select(inbox_events.c.event_id, inbox_events.c.processed_ms))
+        ).all()
+    assert sorted(tuple(row) for row in rows) == [("e-1", 5), ("e-2", 1)]  # the first kept
+
+
+async def test_the_insert_construct_upserts(engine: AsyncEngine) -> None:
+    dialect = dialect_of(engine)
+    columns = dlq_replays.c
+    row = {
+        "dlq_topic": "t.dlq",
+        "dlq_partition": 0,
+        "dlq_offset": 7,
+        "target_topic": "t",
+        "replayed_ms": 1,
+        "replayed_by": "first",
+        "replay_id": "r-1",
+    }
+    async with engine.begin() as connection:
+        for by in ("first", "second"):
+            statement = dialect.insert(dlq_replays).values({**row, "replayed_by": by})
+            await connection.execute(
+                statement.on_conflict_do_update(
+                    index_elements=["dlq_topic", "dlq_partition", "dlq_offset", "target_topic"],
+                    set_={"replayed_by": statement.excluded.replayed_by},
+                )
+            )
+    async with engine.connect() as connection:
+        assert (await connection.execute(select(columns.replayed_by))).scalars().all() == ["second"]
+
+
+async def test_a_skip_locked_claim_passes_over_rows_another_transaction_holds(
+    engine: AsyncEngine,
+) -> None:
+    """On a database with row locks, a second claimant gets the rows the first did not lock;
+    on a single-writer database there is no second claimant beside the first (its BEGIN
+    waits), so a claim reads every row."""
+    dialect = dialect_of(engine)
+    async with engine.begin() as connection:
+        await connection.execute(insert(inbox_events), [_inbox_row(f"e-{i}") for i in range(3)])
+    ids = inbox_events.c.event_id
+    oldest = select(ids).order_by(ids)
+    async with engine.connect() as first, first.begin():
+        held = (await first.execute(dialect.claim_skip_locked(oldest.limit(1)))).scalars()
+        assert held.all() == ["e-0"]
+        if dialect.single_writer:
+            claimed = (await first.execute(dialect.claim_skip_locked(oldest))).scalars()
+            assert claimed.all() == ["e-0", "e-1", "e-2"]
+            return
+        async with engine.connect() as second, second.begin():
+            claimed = (await second.execute(dialect.claim_skip_locked(oldest))).scalars()
+            assert claimed.all() == ["e-1", "e-2"]
+            locked = await second.execute(dialect.lock(oldest.where(ids == "e-1")))
+            assert locked.scalars().all() == ["e-1"]
+
+
+async def test_the_database_clock_reads_within_a_second_of_this_process(
+    engine: AsyncEngine,
+) -> None:
+    dialect = dialect_of(engine)
+    async with engine.connect() as connection:
+        before = time.time() * 1000
+        read = await read_db_now_ms(connection)
+        expression = await connection.scalar(select(dialect.now_ms()))
+        after = time.time() * 1000
+    assert before - 1000 <= read <= after + 1000
+    assert expression is not None and abs(expression - read) < 1000
+
+
+async def test_a_claim_chunk_of_keys_fits_in_one_statement(engine: AsyncEngine) -> None:
+    """``claim_chunk`` rows of the inbox's key go in one multi-row INSERT (SQLite binds a
+    parameter per value and older builds allow 999)."""
+    dialect: Dialect = dialect_of(engine)
+    rows = [_inbox_row(f"e-{i}") for i in range(dialect.claim_chunk)]
+    statement = dialect.insert_or_skip(inbox_events, KEY, returning=[inbox_events.c.event_id])
+    async with engine.begin() as connection:
+        inserted = (await connection.execute(statement.values(rows))).all()
+        count = await connection.scalar(select(func.count()).select_from(inbox_events))
+    assert len(inserted) == count == dialect.claim_chunk
