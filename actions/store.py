@@ -425,18 +425,9 @@ class ActionStore:
         (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why."""
         check_transition(State.RUNNING, target)
         now = dialect_of(session).now_ms()
-        live = [ops.c.lease_expires_ms > now] if require_live_lease else []
         statement = (
             update(ops)
-            .where(
-                ops.c.tenant == lease.tenant,
-                ops.c.op_key == lease.key,
-                ops.c.generation == lease.generation,
-                ops.c.attempts == lease.attempt,
-                ops.c.lease_holder == lease.holder,
-                ops.c.state == State.RUNNING.value,
-                *live,
-            )
+            .where(*_running_under(lease, now if require_live_lease else None))
             .values(
                 {
                     **values,
@@ -475,15 +466,7 @@ class ActionStore:
         now = dialect_of(session).now_ms()
         statement = (
             update(ops)
-            .where(
-                ops.c.tenant == lease.tenant,
-                ops.c.op_key == lease.key,
-                ops.c.generation == lease.generation,
-                ops.c.attempts == lease.attempt,
-                ops.c.lease_holder == lease.holder,
-                ops.c.state == State.RUNNING.value,
-                ops.c.lease_expires_ms > now,
-            )
+            .where(*_running_under(lease, now))
             .values(lease_expires_ms=now + lease_ms)
             .returning(ops.c.id)
         )
@@ -830,6 +813,21 @@ def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
         metrics.RECONCILIATIONS.labels(detail["outcome"]).inc()
     if isinstance(detail, dict) and detail.get("outcome") == "manual":
         metrics.RESOLUTIONS.labels(detail.get("resolution", "?")).inc()
+
+
+def _running_under(lease: Lease, live_at: ColumnElement[int] | None) -> list[ColumnElement[bool]]:
+    """The operation is RUNNING under ``lease`` (and, with ``live_at``, the lease is live then)."""
+    conditions = [
+        ops.c.tenant == lease.tenant,
+        ops.c.op_key == lease.key,
+        ops.c.generation == lease.generation,
+        ops.c.attempts == lease.attempt,
+        ops.c.lease_holder == lease.holder,
+        ops.c.state == State.RUNNING.value,
+    ]
+    if live_at is not None:
+        conditions.append(ops.c.lease_expires_ms > live_at)
+    return conditions
 
 
 def _execute(op: OperationRecord) -> Decision:
