@@ -423,36 +423,18 @@ class ActionStore:
     ) -> OperationRecord | None:
         """The common finish in one statement: the operation is RUNNING under ``lease``
         (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why."""
-        check_transition(State.RUNNING, target)
         now = dialect_of(session).now_ms()
-        statement = (
-            update(ops)
-            .where(*_running_under(lease, now if require_live_lease else None))
-            .values(
-                {
-                    **values,
-                    "state": target.value,
-                    "lease_expires_ms": None,
-                    "updated_ms": now,
-                    "expires_ms": now + self._ttl_ms,
-                }
-            )
-            .returning(*ops.c)
-        )
-        row = (await session.execute(statement)).mappings().first()
-        if row is None:
-            return None
-        changed = OperationRecord.from_row(row)
-        await self._record(
+        return await self._compare_and_set(
             session,
-            _Change(
-                changed, State.RUNNING, target, changed.attempts, event_type, lease.holder, reason
-            ),
+            _running_under(lease, now if require_live_lease else None),
+            State.RUNNING,
+            lease.claimed_ms,
+            target,
+            event_type=event_type,
+            actor=lease.holder,
+            reason=reason,
+            values={**values, "lease_expires_ms": None},
         )
-        if lease.claimed_ms is not None:
-            spent_s = max(0, changed.updated_ms - lease.claimed_ms) / 1000
-            metrics.STATE_SECONDS.labels(State.RUNNING.value).observe(spent_s)
-        return changed
 
     async def extend_lease(self, session: AsyncSession, lease: Lease, lease_s: float) -> bool:
         """A heartbeat: move a live lease's expiry to ``now + lease_s`` (database clock).
@@ -716,35 +698,65 @@ class ActionStore:
         new_generation: bool = False,
     ) -> OperationRecord | None:
         """Compare-and-set ``op`` (as read) to ``target``; audit and emit; ``None`` if lost."""
-        check_transition(op.state, target, new_generation=new_generation)
+        as_read = [
+            ops.c.id == op.id,
+            ops.c.state == op.state.value,
+            ops.c.generation == op.generation,
+            ops.c.attempts == op.attempts,
+            *(where or []),
+        ]
+        return await self._compare_and_set(
+            session,
+            as_read,
+            op.state,
+            op.updated_ms,
+            target,
+            event_type=event_type,
+            actor=actor,
+            reason=reason,
+            values=values,
+            detail=detail,
+            new_generation=new_generation,
+        )
+
+    async def _compare_and_set(
+        self,
+        session: AsyncSession,
+        conditions: list[ColumnElement[bool]],
+        from_state: State,
+        entered_ms: int | None,
+        target: State,
+        *,
+        event_type: str,
+        actor: str,
+        reason: str,
+        values: dict[str, Any] | None = None,
+        detail: Any = None,
+        new_generation: bool = False,
+    ) -> OperationRecord | None:
+        """Move the operation matching ``conditions`` (in ``from_state``, entered at
+        ``entered_ms``) to ``target``; audit and emit; ``None`` if no row matched."""
+        check_transition(from_state, target, new_generation=new_generation)
         now = dialect_of(session).now_ms()
         changes: dict[str, Any] = {"state": target.value, "expires_ms": now + self._ttl_ms}
-        if target is not op.state or new_generation:
+        if target is not from_state or new_generation:
             changes["updated_ms"] = now  # updated_ms is the time of the last state change
         changes.update(values or {})
-        statement = (
-            update(ops)
-            .where(
-                ops.c.id == op.id,
-                ops.c.state == op.state.value,
-                ops.c.generation == op.generation,
-                ops.c.attempts == op.attempts,
-                *(where or []),
-            )
-            .values(changes)
-            .returning(*ops.c)
-        )
+        statement = update(ops).where(*conditions).values(changes).returning(*ops.c)
         row = (await session.execute(statement)).mappings().first()
         if row is None:
             return None
         changed = OperationRecord.from_row(row)
         await self._record(
             session,
-            _Change(changed, op.state, target, changed.attempts, event_type, actor, reason, detail),
+            _Change(
+                changed, from_state, target, changed.attempts, event_type, actor, reason, detail
+            ),
         )
-        if op.state in (State.RUNNING, State.UNKNOWN) and target is not op.state:
-            spent_s = max(0, changed.updated_ms - op.updated_ms) / 1000
-            metrics.STATE_SECONDS.labels(op.state.value).observe(spent_s)
+        left = from_state in (State.RUNNING, State.UNKNOWN) and target is not from_state
+        if left and entered_ms is not None:
+            spent_s = max(0, changed.updated_ms - entered_ms) / 1000
+            metrics.STATE_SECONDS.labels(from_state.value).observe(spent_s)
         return changed
 
     async def _record(self, session: AsyncSession, *changes: _Change) -> None:
