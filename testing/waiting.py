@@ -9,6 +9,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from outboxkit.consumers.app import ConsumerApp
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.kafka_topics import topic_partitions
 
 POLL_S = 0.1
 
@@ -34,14 +35,10 @@ async def wait_until_applied(
     await consumer.start()
     await admin.start()
     try:
-        # Asked of the broker: the consumer's metadata cache is empty until its first refresh
-        # (aiokafka bootstraps with no topics), so reading it at once could wait for nothing.
-        described = await admin.describe_topics(list(app.topics))
         partitions = [
-            TopicPartition(entry["topic"], p["partition"])
-            for entry in described
-            if not entry.get("error_code")
-            for p in sorted(entry["partitions"], key=lambda p: p["partition"])
+            TopicPartition(topic, p)
+            for topic, found in (await topic_partitions(admin, list(app.topics))).items()
+            for p in found
         ]
         ends = await consumer.end_offsets(partitions) if partitions else {}
         wanted = {tp: end for tp, end in ends.items() if end > 0}

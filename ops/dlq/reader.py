@@ -21,6 +21,7 @@ from outboxkit.ops.access import DEFAULT_TIMEOUT_S, KafkaUnreachableError, OpsEr
 from outboxkit.ops.dlq.fingerprint import fingerprint, fingerprint_id
 from outboxkit.outbox.jsonable import as_json
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.kafka_topics import topic_partitions
 
 ERROR_CATEGORIES = ("permanent", "exhausted")
 FETCH_WAIT_MS = 500
@@ -277,12 +278,7 @@ class DlqReader:
         """Every topic of the cluster with its partitions (one metadata request for all)."""
         if self._topics is None or refresh:
             async with kafka_bounded(self.kafka, self.timeout, "listing topics"):
-                described = await self._admin.describe_topics()
-            self._topics = {
-                entry["topic"]: sorted(p["partition"] for p in entry["partitions"])
-                for entry in described
-                if not entry.get("error_code")
-            }
+                self._topics = await topic_partitions(self._admin)
         return self._topics
 
     async def partitions(self, topic: str) -> list[int]:
