@@ -125,6 +125,10 @@ class Lease:
     holder: str
     claimed_ms: int | None = field(default=None, compare=False)
     """When the claim was made (database clock), for the time-in-state metric."""
+    action_type: str | None = field(default=None, compare=False)
+    """The operation's action type (fixed for a generation), for the finish's event."""
+    params_hash: str | None = field(default=None, compare=False)
+    """The operation's parameters hash (fixed for a generation), for the finish's event."""
 
     @property
     def idempotency_key(self) -> str:

@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from outboxkit.actions.errors import (
     ActionFailedError,
@@ -34,6 +34,7 @@ from outboxkit.actions.records import Decision, DecisionKind, Lease, OperationRe
 from outboxkit.actions.store import ActionStore, new_holder
 from outboxkit.actions.waiting import OperationWatch, watch_operation
 from outboxkit.outbox.backoff import Backoff
+from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.outbox.secrecy import describe_error
@@ -46,6 +47,7 @@ DEFAULT_RETRY = RetryPolicy(
 DEFAULT_POLL = Backoff(base_s=0.05, cap_s=1.0, floor_s=0.02)
 """How often an operation another worker is running is looked at again (woken earlier by
 LISTEN/NOTIFY on PostgreSQL)."""
+_T = TypeVar("_T")
 LOST_LEASE = "lease lost while the action ran (no heartbeat got through); it may have taken effect"
 
 
@@ -150,6 +152,20 @@ async def run_action(
     )
     holder = new_holder()
     reconciled = False
+    # A new key, the common case, is claimed in one autocommitted statement where it can be.
+    request: dict[str, Any] = {
+        "tenant": tenant,
+        "key": key,
+        "action_type": action_type,
+        "params": params,
+        "lease_s": lease_s,
+        "holder": holder,
+    }
+    claimed = await _alone(sessions, lambda session: store.claim_new(session, **request))
+    if claimed is not None:
+        outcome = await attempt.run(claimed)
+        if outcome is not None:
+            return outcome
     async with contextlib.AsyncExitStack() as waiting:
         watch: OperationWatch | None = None
         polls = 0
@@ -157,15 +173,7 @@ async def run_action(
         while True:
             async with sessions() as session, session.begin():
                 db_url = session.get_bind().engine.url
-                decision = await store.begin(
-                    session,
-                    tenant=tenant,
-                    key=key,
-                    action_type=action_type,
-                    params=params,
-                    lease_s=lease_s,
-                    holder=holder,
-                )
+                decision = await store.begin(session, **request)
             op = decision.operation
             if decision.kind is DecisionKind.IN_PROGRESS:
                 now = time.monotonic()
@@ -293,6 +301,14 @@ class _Attempt:
             result, external_ref = value.value, value.external_ref
         else:
             result, external_ref = value, None
+        done = await _alone(
+            self.sessions,
+            lambda s: self.store.complete_running(
+                s, lease, result=result, external_ref=external_ref
+            ),
+        )
+        if done is not None:
+            return ActionOutcome(done, executed=True)
         op = await self._settle(
             lease,
             lambda s: self.store.complete(
@@ -320,6 +336,19 @@ async def _settle(
 ) -> OperationRecord:
     async with sessions() as session, session.begin():
         return await change(session)
+
+
+async def _alone(
+    sessions: async_sessionmaker[AsyncSession],
+    write: Callable[[AsyncSession], Awaitable[_T | None]],
+) -> _T | None:
+    """``write`` (one statement, or ``None`` without writing) in autocommit, where the store
+    writes alone on this database; ``None`` there too. No ``BEGIN``/``COMMIT`` round trips."""
+    async with sessions() as session:
+        if not dialect_of(session).autocommit_statements:
+            return None
+        await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        return await write(session)
 
 
 def _unknown_message(op: OperationRecord) -> str:

@@ -13,9 +13,10 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
+from cloudevents.core.v1.event import CloudEvent
 from outboxkit.actions import events, metrics
 from outboxkit.actions.errors import (
     ActionError,
@@ -40,12 +41,20 @@ from outboxkit.actions.records import (
     Resolution,
     Unclear,
 )
+from outboxkit.actions.statements import (
+    claim_insert,
+    finish_update,
+    heartbeat_update,
+    lease_parameters,
+    with_record,
+)
 from outboxkit.actions.states import REPLACEABLE, State, check_transition
 from outboxkit.actions.tables import agent_operation_audit as audit
 from outboxkit.actions.tables import agent_operations as ops
 from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.together import row_parameters
 from outboxkit.outbox.writer import Outbox
-from sqlalchemy import ColumnElement, Insert, insert, select, update
+from sqlalchemy import ColumnElement, Insert, Update, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 DEFAULT_LEASE_S = 30.0
@@ -109,12 +118,9 @@ class ActionStore:
         no retry. Other parameters or another action type under the key raise
         :class:`OperationConflictError`, never the old result.
         """
-        check_tenant(tenant)
-        check_key(key)
-        _check_text("action_type", action_type, 128)
-        digest = params_hash(params)
-        lease_ms = self._lease_ms if lease_s is None else _positive_ms("lease_s", lease_s)
-        holder = _check_text("holder", holder or new_holder(), 64)
+        digest, lease_ms, holder = self._begin_arguments(
+            tenant, key, action_type, params, lease_s, holder
+        )
         for _ in range(_MAX_RACES):
             # A new key is the common case: insert first, read only when the key exists.
             created = await self._insert(
@@ -150,6 +156,60 @@ class ActionStore:
             return Decision(_FINISHED_DECISION[op.state], op)
         raise ActionError(f"begin of {key!r} kept losing races; try again")
 
+    async def claim_new(
+        self,
+        session: AsyncSession,
+        *,
+        tenant: str,
+        key: str,
+        action_type: str,
+        params: Any,
+        lease_s: float | None = None,
+        holder: str | None = None,
+    ) -> Decision | None:
+        """Claim ``(tenant, key)`` if no operation has it yet, in one statement (the row, its
+        audit and its events); ``None`` when the key exists or :meth:`writes_alone` is false
+        (then :meth:`begin`, in a transaction, decides).
+
+        One statement is atomic without a transaction: :func:`run_action` sends it in
+        autocommit, one round trip for the common case of a new key.
+        """
+        digest, lease_ms, holder = self._begin_arguments(
+            tenant, key, action_type, params, lease_s, holder
+        )
+        if not self.writes_alone(session):
+            return None
+        created = await self._insert(session, tenant, key, action_type, digest, lease_ms, holder)
+        return None if created is None else _execute(created)
+
+    def writes_alone(self, session: AsyncSession) -> bool:
+        """True when :meth:`claim_new` and :meth:`complete_running` write in one statement on
+        this session's database, safe in autocommit: PostgreSQL, with an outbox of rows (WAL
+        messages cannot go in a statement's CTE)."""
+        dialect = dialect_of(session)
+        return (
+            dialect.writes_in_one_statement
+            and dialect.autocommit_statements
+            and not (self.outbox.wal_messages and dialect.logical_replication)
+        )
+
+    def _begin_arguments(
+        self,
+        tenant: str,
+        key: str,
+        action_type: str,
+        params: Any,
+        lease_s: float | None,
+        holder: str | None,
+    ) -> tuple[str, int, str]:
+        """The checked arguments of a begin: the parameters' hash, the lease (ms), the holder."""
+        check_tenant(tenant)
+        check_key(key)
+        _check_text("action_type", action_type, 128)
+        digest = params_hash(params)
+        lease_ms = self._lease_ms if lease_s is None else _positive_ms("lease_s", lease_s)
+        return digest, lease_ms, _check_text("holder", holder or new_holder(), 64)
+
     async def _insert(
         self,
         session: AsyncSession,
@@ -162,46 +222,44 @@ class ActionStore:
     ) -> OperationRecord | None:
         check_transition(None, State.PENDING)
         check_transition(State.PENDING, State.RUNNING)
-        dialect = dialect_of(session)
-        now = dialect.now_ms()
-        statement: Insert = (
-            dialect.insert(ops)
-            .values(
-                tenant=tenant,
-                op_key=key,
-                generation=1,
-                action_type=action_type,
-                params_hash=digest,
-                state=State.RUNNING.value,
-                attempts=1,
-                lease_holder=holder,
-                lease_expires_ms=now + lease_ms,
-                needs_attention=False,
-                created_ms=now,
-                updated_ms=now,
-                expires_ms=now + self._ttl_ms,
-            )
-            .on_conflict_do_nothing(index_elements=["tenant", "op_key"])
-            .returning(*ops.c)
+        parameters = {
+            "tenant": tenant,
+            "op_key": key,
+            "action_type": action_type,
+            "params_hash": digest,
+            "lease_holder": holder,
+            "lease_ms": lease_ms,
+            "ttl_ms": self._ttl_ms,
+        }
+        expected = _as_written(
+            tenant=tenant,
+            key=key,
+            generation=1,
+            action_type=action_type,
+            params_hash=digest,
+            state=State.RUNNING,
+            attempts=1,
+            lease_holder=holder,
         )
-        row = (await session.execute(statement)).mappings().first()
-        if row is None:
-            return None  # someone else inserted it first; the caller re-reads
-        created = OperationRecord.from_row(row)
-        await self._record(
+        # None: someone else inserted it first; the caller re-reads
+        return await self._write(
             session,
-            _Change(created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"),
-            _Change(
-                created,
-                State.PENDING,
-                State.RUNNING,
-                1,
-                events.STARTED,
-                holder,
-                f"claimed for attempt 1 with a lease of {lease_ms / 1000:g} s",
+            claim_insert(dialect_of(session)),
+            parameters,
+            lambda created: (
+                _Change(created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"),
+                _Change(
+                    created,
+                    State.PENDING,
+                    State.RUNNING,
+                    1,
+                    events.STARTED,
+                    holder,
+                    f"claimed for attempt 1 with a lease of {lease_ms / 1000:g} s",
+                ),
             ),
+            expected,
         )
-        return created
 
     async def _replace(
         self,
@@ -296,23 +354,25 @@ class ActionStore:
         nothing but UNKNOWN). Repeating it is a no-op; a stale lease raises
         :class:`StaleLeaseError`.
         """
+        target, event_type, reason, values = self._success(result, external_ref)
+        return await self._finish(
+            session, lease, target, event_type, reason, values,
+            require_live_lease=require_live_lease,
+        )  # fmt: skip
+
+    @staticmethod
+    def _success(result: Any, external_ref: str | None) -> tuple[State, str, str, dict[str, Any]]:
+        """A success's target, event type, reason and column values, checked."""
         stored = None if result is None else canonical_json(result)
         if external_ref is not None:
             _check_text("external_ref", external_ref, 256)
-        return await self._finish(
-            session,
-            lease,
-            State.SUCCEEDED,
-            events.SUCCEEDED,
-            "completed",
-            {
-                "result": stored,
-                "external_ref": external_ref,
-                "last_error": None,
-                "needs_attention": False,
-            },
-            require_live_lease=require_live_lease,
-        )
+        values = {
+            "result": stored,
+            "external_ref": external_ref,
+            "last_error": None,
+            "needs_attention": False,
+        }
+        return State.SUCCEEDED, events.SUCCEEDED, "completed", values
 
     async def fail(
         self,
@@ -422,18 +482,70 @@ class ActionStore:
         require_live_lease: bool,
     ) -> OperationRecord | None:
         """The common finish in one statement: the operation is RUNNING under ``lease``
-        (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why."""
-        now = dialect_of(session).now_ms()
-        return await self._compare_and_set(
+        (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why.
+
+        A lease from a begin knows what the row will hold, so the update, its audit row and
+        its event are one statement where the database allows; the event's fields the finish
+        does not set are required to be their values after a claim.
+        """
+        check_transition(State.RUNNING, target)
+        columns = tuple(sorted(name for name in values if name != "lease_expires_ms"))
+        unchanged = tuple(
+            name for name in ("external_ref", "needs_attention") if name not in values
+        )
+        statement = finish_update(dialect_of(session), columns, require_live_lease, unchanged)
+        parameters = {
+            **lease_parameters(lease),
+            **{f"set_{name}": values[name] for name in columns},
+            "to_state": target.value,
+            "ttl_ms": self._ttl_ms,
+        }
+        expected = None
+        if lease.action_type is not None and lease.params_hash is not None:
+            expected = _as_written(
+                tenant=lease.tenant,
+                key=lease.key,
+                generation=lease.generation,
+                action_type=lease.action_type,
+                params_hash=lease.params_hash,
+                state=target,
+                attempts=lease.attempt,
+                lease_holder=lease.holder,
+                external_ref=values.get("external_ref"),
+                needs_attention=bool(values.get("needs_attention")),
+            )
+        changed = await self._write(
             session,
-            _running_under(lease, now if require_live_lease else None),
-            State.RUNNING,
-            lease.claimed_ms,
-            target,
-            event_type=event_type,
-            actor=lease.holder,
-            reason=reason,
-            values={**values, "lease_expires_ms": None},
+            statement,
+            parameters,
+            lambda op: (
+                _Change(op, State.RUNNING, target, op.attempts, event_type, lease.holder, reason),
+            ),
+            expected,
+        )
+        if changed is not None:
+            _observe_time_in_state(State.RUNNING, target, lease.claimed_ms, changed)
+        return changed
+
+    async def complete_running(
+        self,
+        session: AsyncSession,
+        lease: Lease,
+        *,
+        result: Any = None,
+        external_ref: str | None = None,
+    ) -> OperationRecord | None:
+        """Record success if the operation is RUNNING under ``lease``, live, in one statement;
+        ``None`` when it is not or :meth:`writes_alone` is false (then :meth:`complete` with
+        ``require_live_lease``, in a transaction, says why or records it).
+
+        Safe in autocommit, as :meth:`claim_new` is: :func:`run_action` sends it that way.
+        """
+        if not self.writes_alone(session) or lease.action_type is None:
+            return None
+        target, event_type, reason, values = self._success(result, external_ref)
+        return await self._finish_running(
+            session, lease, target, event_type, reason, values, require_live_lease=True
         )
 
     async def extend_lease(self, session: AsyncSession, lease: Lease, lease_s: float) -> bool:
@@ -444,15 +556,9 @@ class ActionStore:
         lost: it expired (a sweep or a begin may already have made the operation UNKNOWN), or
         the operation was resolved, reclaimed or replaced.
         """
-        lease_ms = _positive_ms("lease_s", lease_s)
-        now = dialect_of(session).now_ms()
-        statement = (
-            update(ops)
-            .where(*_running_under(lease, now))
-            .values(lease_expires_ms=now + lease_ms)
-            .returning(ops.c.id)
-        )
-        return (await session.execute(statement)).first() is not None
+        parameters = {**lease_parameters(lease), "lease_ms": _positive_ms("lease_s", lease_s)}
+        statement = heartbeat_update(dialect_of(session))
+        return (await session.execute(statement, parameters)).first() is not None
 
     # -- reconciliation and manual resolution ------------------------------------------------
 
@@ -743,60 +849,81 @@ class ActionStore:
             changes["updated_ms"] = now  # updated_ms is the time of the last state change
         changes.update(values or {})
         statement = update(ops).where(*conditions).values(changes).returning(*ops.c)
-        row = (await session.execute(statement)).mappings().first()
-        if row is None:
-            return None
-        changed = OperationRecord.from_row(row)
-        await self._record(
+        changed = await self._write(
             session,
-            _Change(
-                changed, from_state, target, changed.attempts, event_type, actor, reason, detail
+            statement,
+            {},
+            lambda op: (
+                _Change(op, from_state, target, op.attempts, event_type, actor, reason, detail),
             ),
         )
-        left = from_state in (State.RUNNING, State.UNKNOWN) and target is not from_state
-        if left and entered_ms is not None:
-            spent_s = max(0, changed.updated_ms - entered_ms) / 1000
-            metrics.STATE_SECONDS.labels(from_state.value).observe(spent_s)
+        if changed is None:
+            return None
+        _observe_time_in_state(from_state, target, entered_ms, changed)
         return changed
+
+    async def _write(
+        self,
+        session: AsyncSession,
+        change: Insert | Update,
+        parameters: dict[str, Any],
+        changes_of: Callable[[OperationRecord], Sequence[_Change]],
+        expected: OperationRecord | None = None,
+    ) -> OperationRecord | None:
+        """Run ``change`` (``RETURNING`` the row) with ``parameters`` and the audit rows and
+        events of ``changes_of(row)``; ``None`` (nothing written) if it changed no row.
+
+        With ``expected``, the row as ``change`` will leave it in every field an audit row or
+        an event reads, ``change`` a statement kept for reuse (:mod:`.statements`) and a
+        database that writes in one statement, all of it is one statement, the audit rows and
+        events built from ``expected`` before it runs. Otherwise the change runs first and
+        they follow in the session's transaction.
+        """
+        dialect = dialect_of(session)
+        if expected is not None and dialect.writes_in_one_statement:
+            changes = changes_of(expected)
+            event_rows = self.outbox.rows_for(dialect, self._events(changes))
+            if event_rows is not None:
+                audit_rows = _audit_rows(changes)
+                statement = with_record(dialect, change, len(audit_rows), len(event_rows))
+                parameters = {
+                    **parameters,
+                    **row_parameters("audit", audit_rows),
+                    **row_parameters("event", event_rows),
+                }
+                row = (await session.execute(statement, parameters)).mappings().first()
+                if row is None:
+                    return None
+                _count_transitions(changes)
+                return OperationRecord.from_row(row)
+        row = (await session.execute(change, parameters)).mappings().first()
+        if row is None:
+            return None
+        written = OperationRecord.from_row(row)
+        await self._record(session, *changes_of(written))
+        return written
 
     async def _record(self, session: AsyncSession, *changes: _Change) -> None:
         """Audit ``changes`` and add their CloudEvents: one statement each, whatever the count."""
         at_ms = dialect_of(session).now_ms()
-        await session.execute(
-            insert(audit).values(at_ms=at_ms),
-            [
-                {
-                    "tenant": change.op.tenant,
-                    "op_key": change.op.key,
-                    "generation": change.op.generation,
-                    "attempt": change.attempt,
-                    "from_state": change.from_state.value if change.from_state else None,
-                    "to_state": change.to.value,
-                    "actor": change.actor[:128],
-                    "reason": change.reason,
-                    "detail": None if change.detail is None else canonical_json(change.detail),
-                }
-                for change in changes
-            ],
-        )
-        await self.outbox.add_all_async(
-            session,
-            [
-                events.transition_event(
-                    source=self.source,
-                    event_type=change.event_type,
-                    operation=change.op,
-                    attempt=change.attempt,
-                    from_state=change.from_state,
-                    to=change.to,
-                    actor=change.actor,
-                    reason=change.reason,
-                )
-                for change in changes
-            ],
-        )
-        for change in changes:
-            _count_transition(change.from_state, change.to, change.detail)
+        await session.execute(insert(audit).values(at_ms=at_ms), _audit_rows(changes))
+        await self.outbox.add_all_async(session, self._events(changes))
+        _count_transitions(changes)
+
+    def _events(self, changes: Sequence[_Change]) -> list[CloudEvent]:
+        return [
+            events.transition_event(
+                source=self.source,
+                event_type=change.event_type,
+                operation=change.op,
+                attempt=change.attempt,
+                from_state=change.from_state,
+                to=change.to,
+                actor=change.actor,
+                reason=change.reason,
+            )
+            for change in changes
+        ]
 
 
 class _Change(NamedTuple):
@@ -819,32 +946,89 @@ _FINISHED_DECISION = {
 }
 
 
-def _count_transition(from_state: State | None, to: State, detail: Any) -> None:
-    metrics.TRANSITIONS.labels(from_state.value if from_state else "NEW", to.value).inc()
-    if isinstance(detail, dict) and detail.get("outcome") in ("found", "absent", "unclear"):
-        metrics.RECONCILIATIONS.labels(detail["outcome"]).inc()
-    if isinstance(detail, dict) and detail.get("outcome") == "manual":
-        metrics.RESOLUTIONS.labels(detail.get("resolution", "?")).inc()
-
-
-def _running_under(lease: Lease, live_at: ColumnElement[int] | None) -> list[ColumnElement[bool]]:
-    """The operation is RUNNING under ``lease`` (and, with ``live_at``, the lease is live then)."""
-    conditions = [
-        ops.c.tenant == lease.tenant,
-        ops.c.op_key == lease.key,
-        ops.c.generation == lease.generation,
-        ops.c.attempts == lease.attempt,
-        ops.c.lease_holder == lease.holder,
-        ops.c.state == State.RUNNING.value,
+def _audit_rows(changes: Sequence[_Change]) -> list[dict[str, Any]]:
+    """The audit rows of ``changes`` (the database's clock adds ``at_ms``)."""
+    return [
+        {
+            "tenant": change.op.tenant,
+            "op_key": change.op.key,
+            "generation": change.op.generation,
+            "attempt": change.attempt,
+            "from_state": change.from_state.value if change.from_state else None,
+            "to_state": change.to.value,
+            "actor": change.actor[:128],
+            "reason": change.reason,
+            "detail": None if change.detail is None else canonical_json(change.detail),
+        }
+        for change in changes
     ]
-    if live_at is not None:
-        conditions.append(ops.c.lease_expires_ms > live_at)
-    return conditions
+
+
+def _as_written(
+    *,
+    tenant: str,
+    key: str,
+    generation: int,
+    action_type: str,
+    params_hash: str,
+    state: State,
+    attempts: int,
+    lease_holder: str,
+    external_ref: str | None = None,
+    needs_attention: bool = False,
+) -> OperationRecord:
+    """The fields of a row about to be written that its audit rows and events read; the row's
+    id, times, lease expiry, result and error are the database's (left 0 and None here)."""
+    return OperationRecord(
+        id=0,
+        tenant=tenant,
+        key=key,
+        generation=generation,
+        action_type=action_type,
+        params_hash=params_hash,
+        state=state,
+        attempts=attempts,
+        lease_holder=lease_holder,
+        lease_expires_ms=None,
+        result=None,
+        external_ref=external_ref,
+        last_error=None,
+        needs_attention=needs_attention,
+        created_ms=0,
+        updated_ms=0,
+        expires_ms=0,
+    )
+
+
+def _observe_time_in_state(
+    from_state: State, target: State, entered_ms: int | None, changed: OperationRecord
+) -> None:
+    left = from_state in (State.RUNNING, State.UNKNOWN) and target is not from_state
+    if left and entered_ms is not None:
+        spent_s = max(0, changed.updated_ms - entered_ms) / 1000
+        metrics.STATE_SECONDS.labels(from_state.value).observe(spent_s)
+
+
+def _count_transitions(changes: Sequence[_Change]) -> None:
+    for change in changes:
+        from_state, to, detail = change.from_state, change.to, change.detail
+        metrics.TRANSITIONS.labels(from_state.value if from_state else "NEW", to.value).inc()
+        if isinstance(detail, dict) and detail.get("outcome") in ("found", "absent", "unclear"):
+            metrics.RECONCILIATIONS.labels(detail["outcome"]).inc()
+        if isinstance(detail, dict) and detail.get("outcome") == "manual":
+            metrics.RESOLUTIONS.labels(detail.get("resolution", "?")).inc()
 
 
 def _execute(op: OperationRecord) -> Decision:
     lease = Lease(
-        op.tenant, op.key, op.generation, op.attempts, op.lease_holder or "", op.updated_ms
+        op.tenant,
+        op.key,
+        op.generation,
+        op.attempts,
+        op.lease_holder or "",
+        op.updated_ms,
+        op.action_type,
+        op.params_hash,
     )
     return Decision(DecisionKind.EXECUTE, op, lease)
 

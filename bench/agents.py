@@ -45,17 +45,26 @@ def build() -> tuple[Agent[None, str], FunctionModel]:
 
 
 class RoundTrips:
-    """Counts the database round trips of an engine: each statement, BEGIN and COMMIT."""
+    """Counts the database round trips of an engine: each statement, BEGIN and COMMIT.
+
+    SQLAlchemy fires its ``begin`` and ``commit`` events on an AUTOCOMMIT connection too, but
+    sends nothing to the server there, so those are not counted.
+    """
 
     def __init__(self) -> None:
         self.count = 0
 
     def watch(self, engine: Engine) -> None:
-        for name in ("before_cursor_execute", "begin", "commit"):
-            event.listen(engine, name, self._one)
+        event.listen(engine, "before_cursor_execute", self._one)
+        for name in ("begin", "commit"):
+            event.listen(engine, name, self._sent)
 
     def _one(self, *args: Any, **kwargs: Any) -> None:
         self.count += 1
+
+    def _sent(self, connection: Any) -> None:
+        if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            self.count += 1
 
 
 class Timed:

@@ -19,8 +19,17 @@ from outboxkit.outbox.events import EncodedEvent, encode_binary
 from outboxkit.outbox.sharding import shard_for
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.outbox.telemetry import current_context_headers
+from outboxkit.outbox.together import rows_when
 from outboxkit.outbox.wal_message import EMIT
-from sqlalchemy import BigInteger, BindParameter, ColumnElement, Insert, bindparam, case
+from sqlalchemy import (
+    BigInteger,
+    BindParameter,
+    ColumnElement,
+    Insert,
+    bindparam,
+    case,
+    literal,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
@@ -156,6 +165,17 @@ class Outbox:
             return len(values)
         return len((await session.execute(statement, values)).all())
 
+    def rows_for(
+        self, dialect: Dialect, events: Sequence[CloudEvent], *, topic: str | None = None
+    ) -> list[dict[str, Any]] | None:
+        """The outbox rows of ``events`` (unscheduled), for a store that writes them inside a
+        statement of its own (:func:`rows_after`); ``None`` when this outbox sends WAL
+        messages instead of rows (they cannot go in a CTE: use :meth:`add_all_async`)."""
+        inserts = [self._insert(dialect, event, topic, None, None) for event in events]
+        if any(statement is EMIT for statement, _ in inserts):
+            return None
+        return [values for _, values in inserts]
+
     def _insert(
         self,
         dialect: Dialect,
@@ -239,6 +259,25 @@ def insert_statement(dialect_name: str, schedule: Schedule | None = None) -> Ins
     return dialect.insert_or_skip(
         outbox_events, ["source", "event_id"], returning=[outbox_events.c.id]
     ).values(**columns, created_ms=now_ms, available_ms=now_ms, attempts=0)
+
+
+@functools.cache
+def rows_after(dialect: Dialect, count: int, prefix: str = "event") -> Insert:
+    """The insert of ``count`` outbox rows (:meth:`Outbox.rows_for`, as
+    :func:`~outboxkit.outbox.together.row_parameters` with ``prefix``) written only when the
+    statement's change changed a row (:func:`~outboxkit.outbox.together.rows_when`), in the
+    order given; duplicates of rows in the table are skipped, as :func:`insert_statement`
+    does. Built once per shape."""
+    now_ms = dialect.now_ms()
+    return rows_when(
+        dialect,
+        outbox_events,
+        _ROW_COLUMNS,
+        count,
+        prefix,
+        fixed=(("created_ms", now_ms), ("available_ms", now_ms), ("attempts", literal(0))),
+        skip_conflicts=("source", "event_id"),
+    )
 
 
 _ROW_COLUMNS = ("source", "event_id", "type", "topic", "kafka_key", "shard", "headers", "payload")

@@ -49,6 +49,9 @@ class Dialect:
     holds every shard."""
     autocommit_statements: bool
     """A single statement may run in autocommit (no ``BEGIN``/``COMMIT`` round trips)."""
+    writes_in_one_statement: bool
+    """Data-modifying CTEs exist (``WITH changed AS (UPDATE ... RETURNING) INSERT ...``): a
+    change and the rows that go with it are one statement (:mod:`outboxkit.outbox.together`)."""
     batch_alter_table: bool
     """``ALTER TABLE`` is limited: migrations alter by copying the table (Alembic's batch)."""
     url_tls: bool

@@ -28,6 +28,7 @@ class PostgreSQL(Dialect):
     array_parameters = True
     single_writer = False
     autocommit_statements = True
+    writes_in_one_statement = True
     batch_alter_table = False
     url_tls = True
     file_database = False
