@@ -83,19 +83,28 @@ def claim_insert(dialect: Dialect) -> Insert:
 
 @functools.cache
 def finish_update(
-    dialect: Dialect, columns: tuple[str, ...], live: bool, unchanged: tuple[str, ...]
+    dialect: Dialect,
+    columns: tuple[str, ...],
+    live: bool,
+    unchanged: tuple[str, ...],
+    flush: bool = True,
 ) -> Update:
     """A claim finished: RUNNING under the lease (live, with ``live``) to ``to_state``.
 
     Parameters: those of :func:`lease_parameters`, ``to_state``, ``ttl_ms``, and ``set_{name}``
     for each of ``columns``; the lease's expiry is cleared. ``unchanged`` names columns that
     must still hold their value after a claim (``external_ref`` NULL, ``needs_attention``
-    false), so a caller may know the row's value without reading it. Returns the row.
+    false), so a caller may know the row's value without reading it. Without ``flush``, the
+    statement's transaction commits without waiting for the disk where the database allows
+    (:meth:`Dialect.commit_without_flush`). Returns the row.
     """
     now = dialect.now_ms()
     conditions = running_under(now if live else None)
     for name in unchanged:
         conditions.append(ops.c[name].is_(None if name == "external_ref" else False))
+    no_flush = None if flush else dialect.commit_without_flush()
+    if no_flush is not None:
+        conditions.append(no_flush)
     values: dict[str, Any] = {name: _parameter(f"set_{name}", name) for name in columns}
     values.update(
         state=_parameter("to_state", "state"),

@@ -80,6 +80,14 @@ class ActionStore:
     action runs); ``ttl_s`` how long a record is remembered after its last change
     before a begin with the same key may start a new operation. Events go through ``outbox``
     (default: topic ``outboxkit.actions``) with ``source``.
+
+    With ``durable_finish=False``, a success recorded in one statement
+    (:meth:`complete_running`) commits without waiting for the database's log flush
+    (PostgreSQL: ``synchronous_commit = off`` for that statement alone). The claim always
+    waits for it, so an effect never runs unrecorded. A database crash before the next flush
+    (the next durable commit on the server, or the WAL writer within about 600 ms) can lose
+    the success, its audit row and its event together: the operation is then RUNNING, its
+    lease expires, it becomes UNKNOWN and is reconciled by key, never run again.
     """
 
     def __init__(
@@ -89,8 +97,10 @@ class ActionStore:
         source: str = events.DEFAULT_SOURCE,
         lease_s: float = DEFAULT_LEASE_S,
         ttl_s: float = DEFAULT_TTL_S,
+        durable_finish: bool = True,
     ) -> None:
         self.outbox = outbox or Outbox(default_topic=events.DEFAULT_TOPIC)
+        self.durable_finish = durable_finish
         self.source = source
         self._lease_ms = _positive_ms("lease_s", lease_s)
         self._ttl_ms = _positive_ms("ttl_s", ttl_s)
@@ -480,9 +490,11 @@ class ActionStore:
         reason: str,
         values: dict[str, Any],
         require_live_lease: bool,
+        flush: bool = True,
     ) -> OperationRecord | None:
         """The common finish in one statement: the operation is RUNNING under ``lease``
         (live, if required). ``None``: it is not, and :meth:`_finish` reads it to say why.
+        ``flush=False``: see ``durable_finish``.
 
         A lease from a begin knows what the row will hold, so the update, its audit row and
         its event are one statement where the database allows; the event's fields the finish
@@ -493,7 +505,9 @@ class ActionStore:
         unchanged = tuple(
             name for name in ("external_ref", "needs_attention") if name not in values
         )
-        statement = finish_update(dialect_of(session), columns, require_live_lease, unchanged)
+        statement = finish_update(
+            dialect_of(session), columns, require_live_lease, unchanged, flush
+        )
         parameters = {
             **lease_parameters(lease),
             **{f"set_{name}": values[name] for name in columns},
@@ -545,7 +559,14 @@ class ActionStore:
             return None
         target, event_type, reason, values = self._success(result, external_ref)
         return await self._finish_running(
-            session, lease, target, event_type, reason, values, require_live_lease=True
+            session,
+            lease,
+            target,
+            event_type,
+            reason,
+            values,
+            require_live_lease=True,
+            flush=self.durable_finish,
         )
 
     async def extend_lease(self, session: AsyncSession, lease: Lease, lease_s: float) -> bool:

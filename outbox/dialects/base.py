@@ -96,3 +96,9 @@ class Dialect:
         """``query`` locking the rows it reads for the transaction (``FOR UPDATE``), where
         the database has row locks."""
         return query
+
+    def commit_without_flush(self) -> ColumnElement[bool] | None:
+        """A condition that is true and, evaluated in a statement, lets the statement's
+        transaction commit without waiting for its log to reach the disk; ``None`` where the
+        database has no such setting per transaction."""
+        return None

@@ -6,7 +6,9 @@ from typing import Any
 
 from outboxkit.outbox.dialects.base import Dialect, _Query
 from outboxkit.outbox.extras import POSTGRES
+from sqlalchemy import func, true
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableClause
 
 
@@ -57,3 +59,10 @@ class PostgreSQL(Dialect):
     def lock(self, query: _Query) -> _Query:
         """``FOR UPDATE``."""
         return query.with_for_update()
+
+    def commit_without_flush(self) -> ColumnElement[bool]:
+        """``set_config('synchronous_commit', 'off', true)``: local to the transaction, even
+        the implicit one of a statement in autocommit, and read when it commits."""
+        setting = func.set_config("synchronous_commit", "off", true())
+        condition: ColumnElement[bool] = setting == "off"
+        return condition
