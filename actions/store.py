@@ -746,6 +746,18 @@ class ActionStore:
                 swept.append(unknown)
         return swept
 
+    async def mark_awaiting_decision(
+        self, session: AsyncSession, tenant: str, key: str, awaiting: bool
+    ) -> bool:
+        """Flag ``key`` of ``tenant`` as waiting for a person's decision (``awaiting``), or
+        no longer; not a state change. ``False`` when there is no such operation."""
+        result = await session.execute(
+            update(ops)
+            .where(ops.c.tenant == check_tenant(tenant), ops.c.op_key == check_key(key))
+            .values(awaiting_decision=True if awaiting else None)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
     # -- reading -----------------------------------------------------------------------------
 
     async def get(self, session: AsyncSession, tenant: str, key: str) -> OperationRecord | None:

@@ -41,10 +41,22 @@ agent_operations = Table(
     Column("created_ms", BigInteger, nullable=False),
     Column("updated_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
+    # True on a recorded request that waits for a person's decision (an agent's approval
+    # request), NULL otherwise (migration 0015).
+    Column("awaiting_decision", Boolean, nullable=True),
     UniqueConstraint("tenant", "op_key", name="uq_agent_operations_tenant_key"),
 )
 Index("ix_agent_operations_state_updated", agent_operations.c.state, agent_operations.c.updated_ms)
 Index("ix_agent_operations_expires", agent_operations.c.expires_ms)
+_AWAITING = agent_operations.c.awaiting_decision.is_(True)
+# The keyset of the requests waiting for a decision, oldest first; partial: only they are in it.
+Index(
+    "ix_agent_operations_awaiting",
+    agent_operations.c.created_ms,
+    agent_operations.c.id,
+    postgresql_where=_AWAITING,
+    sqlite_where=_AWAITING,
+)
 
 agent_operation_audit = Table(
     "agent_operation_audit",

@@ -23,7 +23,8 @@ from outboxkit.cli.options import DbUrlOption, duration_option, settings_from
 from outboxkit.cli.progress import progress_note
 from outboxkit.cli.sessions import in_session
 from outboxkit.ops.actions import resolve_operation, resolving_store, shown, shown_entry
-from outboxkit.ops.formatting import format_age
+from outboxkit.ops.approvals import WaitingApproval, waiting_approvals
+from outboxkit.ops.formatting import format_age, parse_keyset
 from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -187,6 +188,64 @@ def resolve_command(
         typer.echo(json.dumps({"resolved": 1, "operation": shown(operation)}, indent=2))
         return
     typer.echo(f"{operation.key} ({operation.tenant}): {operation.state}")
+
+
+@actions_app.command("approvals")
+def approvals_command(
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant."),
+    following: str | None = typer.Option(
+        None,
+        "--next",
+        metavar="MS.ID",
+        help="The next page: the keyset the previous page printed after NEXT.",
+    ),
+    limit: int = typer.Option(100, "--limit", min=1, max=10_000),
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+) -> None:
+    """List agent tool calls waiting for a person's approval, oldest first, with their expiry.
+
+    Text shows the arguments' hash; --json adds the arguments (secret fields redacted).
+    """
+    try:
+        keyset = parse_keyset(following) if following is not None else None
+    except ValueError:
+        raise CliError(f"invalid --next {following!r}: use MS.ID as printed after NEXT") from None
+
+    async def query(session: AsyncSession) -> tuple[list[WaitingApproval], int]:
+        now = await read_db_now_ms(session)
+        found = await waiting_approvals(
+            session, now_ms=now, tenant=tenant, limit=limit, after=keyset
+        )
+        return found, now
+
+    waiting, now = _run(db_url, query)
+    last = waiting[-1].keyset if len(waiting) == limit else None
+    if as_json:
+        document = {
+            "approvals": [approval.shown(with_args=True) for approval in waiting],
+            "next": last,
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    if not waiting:
+        typer.echo("no approval waiting")
+        return
+    typer.echo(
+        f"{'TENANT':<16} {'RUN':<24} {'CALL':<20} {'TOOL':<16} {'ARGS HASH':<16} "
+        f"{'WAITING':>9}  EXPIRES"
+    )
+    for approval in waiting:
+        expiry = format_time(approval.expires_ms)
+        if approval.expired:
+            expiry += " (expired)"
+        typer.echo(
+            f"{approval.tenant:<16} {approval.run_id or '-':<24} "
+            f"{approval.tool_call_id or '-':<20} {approval.tool:<16} "
+            f"{approval.args_hash[:16]:<16} {format_age(now - approval.requested_ms):>9}  {expiry}"
+        )
+    if last is not None:
+        typer.echo(f"NEXT: --next {last}")
 
 
 @actions_app.command("sweep")

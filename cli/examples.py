@@ -39,6 +39,7 @@ EXAMPLES: dict[str, str] = {
     "actions show": "outboxkit actions show refund-42 --tenant acme",
     "actions resolve": "outboxkit actions resolve refund-42 --tenant acme --succeeded "
     "--by alice --reason 'seen in the provider dashboard' --json",
+    "actions approvals": "outboxkit actions approvals --tenant acme --json",
     "actions sweep": "outboxkit actions sweep --limit 1000 --json",
     "actions cleanup": "outboxkit actions cleanup --chunk-size 500",
     "idempotency purge": "outboxkit idempotency purge --chunk-size 1000",

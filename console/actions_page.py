@@ -1,6 +1,12 @@
 """Agent actions: the UNKNOWN queue, the longest UNKNOWN first; resolve one (succeeded or
 failed with a reason) through :func:`outboxkit.ops.actions.resolve_operation`, as
-``outboxkit actions resolve``; audited in the ledger's trail and in the console's."""
+``outboxkit actions resolve``; audited in the ledger's trail and in the console's.
+
+Below it, the tool calls waiting for a person's approval (:func:`outboxkit.ops.approvals.
+waiting_approvals`, as ``outboxkit actions approvals``), oldest first, paged by keyset, with
+their expiry; their arguments only for those who may see payloads (operators), the hash for
+everyone. The console does not decide them: the run's own process does, through
+:func:`outboxkit.agents.approvals.decide`."""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ from outboxkit.actions.errors import ActionError
 from outboxkit.actions.records import Resolution
 from outboxkit.console.context import (
     console_of,
+    keyset_of,
     reason_of,
     require_tenant,
     tenants_of,
     text_of,
 )
 from outboxkit.ops.actions import resolve_operation, resolving_store, unknown_queue
+from outboxkit.ops.approvals import waiting_approvals
 from outboxkit.outbox.clock import read_db_now_ms
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.exceptions import HTTPException
@@ -25,15 +33,36 @@ RESOLUTIONS = {"succeeded": Resolution.SUCCEEDED, "failed": Resolution.FAILED}
 
 
 async def queue_page(request: Request) -> Response:
-    """The UNKNOWN operations (of the principal's tenants)."""
+    """The UNKNOWN operations and the approvals waiting (of the principal's tenants)."""
     console = console_of(request)
-    tenant, allowed = tenants_of(request, text_of(request.query_params, "tenant"))
+    query = request.query_params
+    tenant, allowed = tenants_of(request, text_of(query, "tenant"))
+    size = console.config.page_size
     async with AsyncSession(console.engine) as session:
-        operations = await unknown_queue(
-            session, tenant=tenant, limit=console.config.page_size, tenants=allowed
-        )
+        operations = await unknown_queue(session, tenant=tenant, limit=size, tenants=allowed)
         now = await read_db_now_ms(session)
-    return console.render(request, "actions.html", operations=operations, now=now, tenant=tenant)
+        waiting = await waiting_approvals(
+            session,
+            now_ms=now,
+            tenant=tenant,
+            tenants=allowed,
+            limit=size,
+            after=keyset_of(query, "approvals_after"),
+        )
+    with_args = request.state.principal.may_act
+    more = {"tenant": tenant} if tenant else {}
+    if len(waiting) == size:
+        more["approvals_after"] = waiting[-1].keyset
+    return console.render(
+        request,
+        "actions.html",
+        operations=operations,
+        now=now,
+        tenant=tenant,
+        approvals=[approval.shown(with_args=with_args) for approval in waiting],
+        with_args=with_args,
+        next_approvals=more if len(waiting) == size else None,
+    )
 
 
 async def resolve_action(request: Request) -> Response:

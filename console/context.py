@@ -21,7 +21,7 @@ from outboxkit.console.security import (
     csrf_matches,
 )
 from outboxkit.ops.access import DEFAULT_TIMEOUT_S
-from outboxkit.ops.formatting import format_age, format_ms
+from outboxkit.ops.formatting import format_age, format_ms, parse_keyset
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.workflows import WorkflowEngine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -190,9 +190,8 @@ def keyset_of(form: FormData | Any, name: str) -> tuple[int, int] | None:
     text = text_of(form, name)
     if text is None:
         return None
-    first, _, second = text.partition(".")
     try:
-        return int(first), int(second)
+        return parse_keyset(text)
     except ValueError:
         raise HTTPException(400, f"{name} is VALUE.ID") from None
 

@@ -36,12 +36,13 @@ def _stuck_ms(text: str | None) -> int | None:
 
 async def list_page(request: Request) -> Response:
     """Instances, most recently changed first, paged by keyset on ``(updated_ms, id)`` (stuck
-    ones: oldest due first, one page)."""
+    ones: oldest due first, paged on ``(due_ms, id)``)."""
     console = console_of(request)
     query = request.query_params
     state, name = text_of(query, "state"), text_of(query, "name")
     tenant, allowed = tenants_of(request, text_of(query, "tenant"))
     stuck_after = text_of(query, "stuck_after")
+    stuck = stuck_after is not None
     size = console.config.page_size
     async with AsyncSession(console.engine) as session:
         now = await read_db_now_ms(session)
@@ -54,13 +55,15 @@ async def list_page(request: Request) -> Response:
             stuck_after_ms=_stuck_ms(stuck_after),
             limit=size,
             tenants=allowed,
-            before=keyset_of(query, "before"),
+            before=None if stuck else keyset_of(query, "before"),
+            after=keyset_of(query, "after") if stuck else None,
         )
     rows = [ops.summary(record, now) for record in records]
-    last = records[-1] if len(records) == size and stuck_after is None else None
-    more = {k: v for k, v in (("state", state), ("name", name), ("tenant", tenant)) if v}
+    last = records[-1] if len(records) == size else None
+    filters = (("state", state), ("name", name), ("tenant", tenant), ("stuck_after", stuck_after))
+    more = {k: v for k, v in filters if v}
     if last is not None:
-        more["before"] = f"{last.updated_ms}.{last.id}"
+        more["after" if stuck else "before"] = ops.page_keyset(last, stuck=stuck)
     return console.render(
         request,
         "workflows.html",

@@ -6,6 +6,10 @@ accepted only for the same arguments' hash and before the expiry, and checked ag
 tool is about to run: an approval for other arguments, an expired one, or none at all is
 refused, and the refusal is recorded (and published) before :class:`ApprovalRefusedError` is
 raised. The first decision recorded for a call is the decision; a different one later raises.
+
+A request is flagged ``awaiting_decision`` in the ledger until its decision is recorded (in the
+same transactions), so operators can list the calls waiting for a person
+(:func:`outboxkit.ops.approvals.waiting_approvals`, ``outboxkit actions approvals``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from outboxkit.agents.errors import AgentRunError, ApprovalRefusedError, DefinitionChangedError
 from outboxkit.agents.ledger import AgentRun, json_hash, record_once
+from sqlalchemy.ext.asyncio import AsyncSession
 
 DEFAULT_APPROVAL_TTL_S = 7 * 86400.0
 REQUESTED = "agent.approval.requested"
@@ -55,15 +60,29 @@ def _decision_key(run: AgentRun, tool_call_id: str) -> str:
 async def request_approval(
     run: AgentRun, tool_call_id: str, tool: str, args: dict[str, Any], ttl_s: float
 ) -> PendingApproval:
-    """Record that ``tool`` with ``args`` waits for approval (once: the expiry is kept)."""
+    """Record that ``tool`` with ``args`` waits for approval (once: the expiry is kept).
+
+    The record (its result) also names the run and the call, for the operators' list."""
     args_hash = json_hash(args)
+    key = _request_key(run, tool_call_id)
+
+    async def flag(session: AsyncSession) -> None:
+        await run.store.mark_awaiting_decision(session, run.tenant, key, True)
+
     record = await record_once(
         run,
-        _request_key(run, tool_call_id),
+        key,
         REQUESTED,
         {"tool": tool, "args_hash": args_hash},
-        lambda: {"tool": tool, "args": args, "expires_at": run.clock() + ttl_s},
+        lambda: {
+            "tool": tool,
+            "args": args,
+            "expires_at": run.clock() + ttl_s,
+            "run_id": run.run_id,
+            "tool_call_id": tool_call_id,
+        },
         what=f"the approval request of call {tool_call_id!r}",
+        then=flag,
     )
     return PendingApproval(tool_call_id, tool, args, args_hash, float(record.result["expires_at"]))
 
@@ -116,6 +135,12 @@ async def decide(
     elif now > request.expires_at:
         await refuse(run, tool_call_id, args_hash, by, "the approval request expired")
     decision = {"approved": approved, "args_hash": args_hash, "by": by, "at": now}
+
+    async def unflag(session: AsyncSession) -> None:
+        await run.store.mark_awaiting_decision(
+            session, run.tenant, _request_key(run, tool_call_id), False
+        )
+
     try:
         record = await record_once(
             run,
@@ -124,6 +149,7 @@ async def decide(
             {"approved": approved, "args_hash": args_hash},
             lambda: decision,
             what=f"the decision on call {tool_call_id!r}",
+            then=unflag,
         )
     except DefinitionChangedError as error:
         raise AgentRunError(f"call {tool_call_id!r} was already decided otherwise") from error

@@ -112,10 +112,12 @@ async def record_once(
     result: Callable[[], Any],
     *,
     what: str,
+    then: Callable[[AsyncSession], Awaitable[None]] | None = None,
 ) -> OperationRecord:
     """Record a non-effect under ``key`` once; later calls return the stored record.
 
-    ``result()`` is evaluated only the first time. Other ``params`` under the key raise
+    ``result()`` is evaluated only the first time, and so is ``then(session)``, in the same
+    transaction after the record is written. Other ``params`` under the key raise
     :class:`DefinitionChangedError` (``what`` names the record in its message).
     """
     async with run.sessions() as session, session.begin():
@@ -129,7 +131,10 @@ async def record_once(
             ) from error
         if decision.kind is DecisionKind.EXECUTE:
             assert decision.lease is not None
-            return await run.store.complete(session, decision.lease, result=result())
+            recorded = await run.store.complete(session, decision.lease, result=result())
+            if then is not None:
+                await then(session)
+            return recorded
     if decision.kind is DecisionKind.SUCCEEDED:
         return decision.operation
     raise AgentRunError(f"run {run.run_id!r}: {what} is {decision.operation.state}, not recorded")

@@ -19,6 +19,13 @@ def format_ms(epoch_ms: int | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def parse_keyset(text: str) -> tuple[int, int]:
+    """A keyset printed as ``VALUE.ID`` (where a page ends) as two integers; ``ValueError``
+    when it is not one."""
+    first, _, second = text.strip().partition(".")
+    return int(first), int(second)
+
+
 def format_age(ms: int | float | None) -> str:
     """A short age: ``850ms``, ``42s``, ``7m03s``, ``5h12m``, ``3d04h``."""
     if ms is None:

@@ -45,6 +45,7 @@ async def list_workflows(
     limit: int = 100,
     tenants: Collection[str] | None = None,
     before: tuple[int, int] | None = None,
+    after: tuple[int, int] | None = None,
 ) -> list[WorkflowRecord]:
     """Instances, most recently changed first, filtered by tenant, name and states (and with
     ``tenants``, to those tenants); ``before``: the ``(updated_ms, id)`` the previous page
@@ -52,7 +53,8 @@ async def list_workflows(
 
     With ``stuck_after_ms``: only work that has been due at least that long and is not taken
     forward (runnable past ``run_at``, or waiting past its deadline, including a step whose
-    worker holds it that long or died holding it), oldest due first.
+    worker holds it that long or died holding it), oldest due first; ``after``: the
+    ``(due_ms, id)`` the previous page ended with (:func:`page_keyset` of its last record).
     """
     due_before_ms = None if stuck_after_ms is None else now_ms - stuck_after_ms
     return await store.list_instances(
@@ -64,7 +66,16 @@ async def list_workflows(
         limit=limit,
         tenants=tenants,
         before=before,
+        after=after,
     )
+
+
+def page_keyset(record: WorkflowRecord, *, stuck: bool) -> str:
+    """The keyset the next page starts after, as ``VALUE.ID``: ``(due_ms, id)`` in the stuck
+    filter, ``(updated_ms, id)`` otherwise."""
+    due = store.due_keyset(record) if stuck else None
+    value, id_ = due if due is not None else (record.updated_ms, record.id)
+    return f"{value}.{id_}"
 
 
 def approval_status(record: WorkflowRecord) -> str:

@@ -13,8 +13,14 @@ from typing import Any, TypedDict, Unpack
 
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.workflows.records import HistoryRecord, SignalRecord, Status, WorkflowRecord
-from outboxkit.workflows.tables import workflow_history, workflow_instances, workflow_signals
-from sqlalchemy import Select, String, Table, and_, func, or_, select, text, tuple_, update
+from outboxkit.workflows.tables import (
+    DUE_MS,
+    DUE_STATUSES,
+    workflow_history,
+    workflow_instances,
+    workflow_signals,
+)
+from sqlalchemy import Select, String, Table, and_, func, literal, or_, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 NOTIFY_CHANNEL = "outboxkit_workflows"
@@ -214,6 +220,7 @@ class InstanceFilter(TypedDict, total=False):
     limit: int
     tenants: Collection[str] | None
     before: tuple[int, int] | None
+    after: tuple[int, int] | None
 
 
 async def list_instances(
@@ -234,6 +241,7 @@ def instances_query(
     limit: int = 100,
     tenants: Collection[str] | None = None,
     before: tuple[int, int] | None = None,
+    after: tuple[int, int] | None = None,
 ) -> Select[Any]:
     """The query of :func:`list_instances`: instances filtered by tenant, name and states, most
     recently changed first (ties: the highest id first); ``tenants``: only those tenants'
@@ -242,8 +250,11 @@ def instances_query(
     ``before``: the keyset ``(updated_ms, id)`` of the last instance of the previous page; the
     page goes on after it, read backwards along ``ix_workflow_instances_updated``. With
     ``due_before_ms`` (engine clock): only those whose work fell due before then and is not done
-    yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due first:
-    the stuck ones, when it is now minus a threshold (one page: ``before`` is not taken).
+    yet (runnable past ``run_at_ms``, or waiting past the wait's deadline), oldest due first
+    (ties: the lowest id first): the stuck ones, when it is now minus a threshold. Their pages
+    go on ``after`` the keyset ``(due_ms, id)`` of the previous page's last instance
+    (:data:`~outboxkit.workflows.tables.DUE_MS`), read along
+    ``ix_workflow_instances_due_keyset``; ``before`` is not taken then.
     """
     table = workflow_instances
     query = select(table).limit(limit)
@@ -252,15 +263,12 @@ def instances_query(
         if before is not None:
             query = query.where(tuple_(table.c.updated_ms, table.c.id) < tuple_(*before))
     else:
-        query = query.where(
-            or_(
-                and_(table.c.status == Status.RUNNABLE.value, table.c.run_at_ms <= due_before_ms),
-                and_(
-                    table.c.status == Status.WAITING.value,
-                    table.c.wait_deadline_ms <= due_before_ms,
-                ),
-            )
-        ).order_by(func.coalesce(table.c.run_at_ms, table.c.wait_deadline_ms))
+        # The status test repeats the index's predicate, so the planner may use it.
+        query = query.where(DUE_STATUSES, literal(due_before_ms) >= DUE_MS).order_by(
+            DUE_MS, table.c.id
+        )
+        if after is not None:
+            query = query.where(tuple_(DUE_MS, table.c.id) > tuple_(*after))
     if tenant is not None:
         query = query.where(table.c.tenant == tenant)
     if tenants is not None:
@@ -270,6 +278,14 @@ def instances_query(
     if states:
         query = query.where(table.c.state.in_(list(states)))
     return query
+
+
+def due_keyset(record: WorkflowRecord) -> tuple[int, int] | None:
+    """The ``(due_ms, id)`` keyset of ``record`` in the stuck filter (``None``: not due)."""
+    due = {Status.RUNNABLE: record.run_at_ms, Status.WAITING: record.wait_deadline_ms}.get(
+        record.status
+    )
+    return None if due is None else (due, record.id)
 
 
 async def count_by_state(session: AsyncSession) -> dict[tuple[str, str], int]:

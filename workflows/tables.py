@@ -8,7 +8,19 @@ clock. JSON values are stored as text.
 from __future__ import annotations
 
 from outboxkit.outbox.tables import metadata
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    case,
+    literal_column,
+)
+from sqlalchemy.sql.elements import ColumnClause, Grouping
 
 _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 
@@ -55,6 +67,28 @@ Index("ix_workflow_instances_deadline", workflow_instances.c.wait_deadline_ms)
 Index("ix_workflow_instances_state", workflow_instances.c.state, workflow_instances.c.updated_ms)
 # The keyset of the workflow list, most recently changed first (migration 0014).
 Index("ix_workflow_instances_updated", workflow_instances.c.updated_ms, workflow_instances.c.id)
+
+# Literal constants, not parameters: a generic plan of a prepared statement still matches the
+# index's expression and predicate.
+_RUNNABLE: ColumnClause[str] = literal_column("'runnable'", String)
+_WAITING: ColumnClause[str] = literal_column("'waiting'", String)
+DUE_MS = case(
+    (workflow_instances.c.status == _RUNNABLE, workflow_instances.c.run_at_ms),
+    (workflow_instances.c.status == _WAITING, workflow_instances.c.wait_deadline_ms),
+)
+"""When an instance's work falls due: a runnable one's ``run_at_ms``, a waiting one's deadline
+(``NULL`` otherwise): the order of the stuck filter."""
+DUE_STATUSES = workflow_instances.c.status.in_([_RUNNABLE, _WAITING])
+"""The instances that can be due (the predicate of ``ix_workflow_instances_due_keyset``)."""
+# The keyset of the stuck filter, oldest due first (migration 0015); partial: only instances
+# that can be due are in it.
+Index(
+    "ix_workflow_instances_due_keyset",
+    Grouping(DUE_MS),  # PostgreSQL wants an expression in parentheses
+    workflow_instances.c.id,
+    postgresql_where=DUE_STATUSES,
+    sqlite_where=DUE_STATUSES,
+)
 
 workflow_history = Table(
     "workflow_history",

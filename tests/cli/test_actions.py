@@ -14,6 +14,7 @@ import pytest
 from outboxkit.actions import ActionStore, State
 from outboxkit.cli.main import main
 
+from tests.support import approvals
 from tests.support.actions import begin, event_types, in_tx, sessions_for
 
 REQ = {"action_type": "payments.refund", "params": {"amount": 5}}
@@ -168,3 +169,38 @@ async def test_bad_input_is_one_line_and_exit_code_2(
     assert len(lines) == 1 and lines[0].startswith("outboxkit: error:"), err
     assert message in lines[0]
     assert "Traceback" not in err
+
+
+async def test_approvals_lists_the_calls_waiting_for_a_person_oldest_first_and_pages(
+    db_url: str,
+) -> None:
+    args = {"charge_id": "ch_7", "amount_cents": 900, "password": "hunter2"}
+    fresh = await approvals.request(db_url, "acme", "ticket-1", args)
+    await approvals.request(db_url, "acme", "ticket-2", {"charge_id": "ch_8"}, decided=True)
+    await approvals.request(
+        db_url, "globex", "ticket-3", {"charge_id": "ch_9"}, ttl_s=60, age_s=120
+    )
+    code, out, err = await cli("actions", "approvals", "--db-url", db_url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["TENANT", "RUN", "CALL", "TOOL", "ARGS"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["acme", "ticket-1", "call-0", "refund"], ["globex", "ticket-3", "call-0", "refund"],
+    ]  # fmt: skip
+    assert fresh[:16] in lines[1] and "ch_7" not in out  # text shows the hash only
+    assert lines[2].endswith("(expired)") and not lines[1].endswith("(expired)")
+    code, out, _ = await cli("actions", "approvals", "--json", "--limit", "1", "--db-url", db_url)
+    page = json.loads(out)
+    [first] = page["approvals"]
+    assert first["run_id"] == "ticket-1" and first["args_hash"] == fresh
+    assert first["args"] == {**args, "password": "[redacted]"} and not first["expired"]
+    code, out, _ = await cli(
+        "actions", "approvals", "--json", "--next", page["next"], "--db-url", db_url
+    )
+    assert [a["run_id"] for a in json.loads(out)["approvals"]] == ["ticket-3"]
+    code, out, _ = await cli(
+        "actions", "approvals", "--tenant", "acme", "--json", "--db-url", db_url
+    )
+    assert [a["tenant"] for a in json.loads(out)["approvals"]] == ["acme"]
+    code, _, err = await cli("actions", "approvals", "--next", "soon", "--db-url", db_url)
+    assert code == 2 and "invalid --next 'soon'" in err

@@ -24,6 +24,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from tests.support import approvals
 from tests.support import workflow_ops as w
 from tests.support.actions import sessions_for
 from tests.support.browser import CHROMIUM, chromium, run_async, screenshot, sign_in
@@ -260,3 +261,38 @@ def test_resolving_an_unknown_action_and_resuming_its_workflow(
 
     operator = [h for h in run_async(history()) if h.kind == "operator"]
     assert [(h.actor, h.decision["action"]) for h in operator] == [("otto", "resume")]
+
+
+def test_the_actions_page_shows_a_pending_approval_with_its_arguments_and_expiry(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    args = {"charge_id": "ch_4242", "amount_cents": 1250, "currency": "EUR"}
+
+    async def seed() -> str:
+        await approvals.request(
+            pg_url, "acme", "ticket-80", {"charge_id": "ch_old"}, ttl_s=3600, age_s=7200
+        )
+        return await approvals.request(pg_url, "acme", "ticket-81", args, call="call-refund-1")
+
+    digest = run_async(seed())
+    with serving(config(pg_url, kafka_bootstrap)) as base, chromium() as browser:
+        page = browser.new_page()
+        sign_in(page, base, OPERATOR_TOKEN)
+        page.goto(f"{base}/actions")
+        expect(page.locator("#approvals")).to_contain_text("PENDING approvals: 2")
+        rows = page.locator("#pending-approvals tr.approval")
+        assert rows.count() == 2
+        expect(rows.nth(0)).to_contain_text("ticket-80")
+        expect(rows.nth(0)).to_contain_text("expired")
+        fresh = page.locator("#pending-approvals tr.approval:has-text('ticket-81')")
+        expect(fresh).to_contain_text("call-refund-1")
+        expect(fresh).to_contain_text(digest[:16])
+        expect(fresh.locator("pre.approval-args")).to_contain_text('"charge_id": "ch_4242"')
+        expect(fresh).to_contain_text("(in 2d23h)")
+        screenshot(page, "approvals")
+        viewer = browser.new_page()
+        sign_in(viewer, base, VIEWER_TOKEN)
+        viewer.goto(f"{base}/actions")
+        expect(viewer.locator("#pending-approvals")).to_contain_text(digest[:16])
+        assert "ch_4242" not in viewer.content()
+        assert viewer.locator("pre.approval-args").count() == 0

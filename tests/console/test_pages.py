@@ -26,12 +26,12 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from tests.support import workflow_ops as w
-from tests.support.actions import sessions_for
 from tests.support.console import (
     OPERATOR_TOKEN,
     TOKENS,
     VIEWER_TOKEN,
     csrf_of,
+    follow_pages,
     serving,
     signed_in,
 )
@@ -115,12 +115,8 @@ def test_pending_rows_are_paged_by_keyset(console_url: str, pg_url: str) -> None
     engine.dispose()
     seen: list[int] = []
     with signed_in(console_url, OPERATOR_TOKEN) as client:
-        url: str | None = "/outbox?which=pending"
-        while url is not None:
-            page = client.get(url).text
+        for page in follow_pages(client, "/outbox?which=pending"):
             seen += [int(i) for i in re.findall(r"<tr>\s*<td>(\d+)</td>", page)]
-            found = re.search(r'id="next" href="([^"]+)"', page)
-            url = found.group(1).replace("&amp;", "&") if found else None
     assert seen == ids
 
 
@@ -210,13 +206,7 @@ def discards(db_url: str) -> int:
 def test_the_workflow_list_is_paged_by_keyset_along_its_index(
     console_url: str, pg_url: str
 ) -> None:
-    async def seed() -> None:
-        async with sessions_for(pg_url) as sessions:
-            engine = w.build_engine(sessions)
-            for n in range(10):
-                await w.start(engine, f"PO-{n}")
-
-    asyncio.run(seed())
+    asyncio.run(w.start_many(pg_url, 10))
     engine = make_engine(pg_url, poolclass=NullPool)
     with engine.connect() as connection:
         expected = connection.execute(
@@ -226,12 +216,8 @@ def test_the_workflow_list_is_paged_by_keyset_along_its_index(
         ).scalars().all()  # fmt: skip
     seen: list[str] = []
     with signed_in(console_url, OPERATOR_TOKEN) as client:
-        url: str | None = "/workflows"
-        while url is not None:
-            page = client.get(url).text
+        for page in follow_pages(client, "/workflows"):
             seen += re.findall(r'<a href="/workflows/acme/[^"]+">([^<]+)</a>', page)
-            found = re.search(r'id="next" href="([^"]+)"', page)
-            url = found.group(1).replace("&amp;", "&") if found else None
     assert seen == expected and len(seen) == 10
     # With many instances, PostgreSQL reads a page backwards along ix_workflow_instances_updated
     # (no sort, no scan of the table), the first page and the following ones alike.

@@ -66,3 +66,13 @@ def signed_in(base: str, token: str) -> Iterator[httpx.Client]:
         response = client.post("/login", data={"csrf": csrf_of(page.text), "token": token})
         assert response.status_code == 303, response.text
         yield client
+
+
+def follow_pages(client: httpx.Client, url: str, link_id: str = "next") -> Iterator[str]:
+    """Each page of a keyset-paged list, from ``url`` along the link ``#link_id``."""
+    following: str | None = url
+    while following is not None:
+        page = client.get(following).text
+        yield page
+        found = re.search(rf'id="{link_id}" href="([^"]+)"', page)
+        following = found.group(1).replace("&amp;", "&") if found else None

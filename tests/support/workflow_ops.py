@@ -134,6 +134,16 @@ async def start(
         )
 
 
+async def start_many(url: str, count: int) -> None:
+    """Start ``PO-0`` .. ``PO-<count - 1>`` of tenant acme on ``url`` (runnable, no worker)."""
+    from tests.support.actions import sessions_for
+
+    async with sessions_for(url) as sessions:
+        engine = build_engine(sessions)
+        for n in range(count):
+            await start(engine, f"PO-{n}")
+
+
 async def get(engine: WorkflowEngine, workflow_id: str, tenant: str = "acme") -> WorkflowRecord:
     async with engine.sessions() as session:
         record = await engine.get(session, tenant, workflow_id)
