@@ -1,7 +1,8 @@
 """Deleting expired operations (and, on request, old audit rows) in short chunks.
 
 Only records in a state that may expire are deleted (SUCCEEDED, FAILED_FINAL, PENDING); RUNNING
-and UNKNOWN ones never expire, since forgetting them could let the action run twice. The audit
+and UNKNOWN ones never expire, since forgetting them could let the action run twice, nor do
+requests still awaiting a person's decision (``awaiting_decision``). The audit
 trail of a deleted operation stays until :func:`purge_audit` removes it by age.
 """
 
@@ -24,7 +25,11 @@ async def purge_expired(
     return await delete_in_chunks(
         sessions,
         ops,
-        lambda now: (ops.c.expires_ms <= now) & ops.c.state.in_([s.value for s in REPLACEABLE]),
+        lambda now: (
+            (ops.c.expires_ms <= now)
+            & ops.c.state.in_([s.value for s in REPLACEABLE])
+            & ops.c.awaiting_decision.is_not(True)
+        ),
         chunk_size=chunk_size,
         max_chunks=max_chunks,
     )

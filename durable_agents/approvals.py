@@ -62,7 +62,15 @@ async def request_approval(
 ) -> PendingApproval:
     """Record that ``tool`` with ``args`` waits for approval (once: the expiry is kept).
 
-    The record (its result) also names the run and the call, for the operators' list."""
+    The record (its result) also names the run and the call, for the operators' list. An
+    approval open longer than the store's ``ttl_s`` is refused at once: the run's records could
+    be forgotten while it waits."""
+    if ttl_s > run.store.ttl_s:
+        raise AgentRunError(
+            f"approval_ttl_s ({ttl_s:g} s) is longer than the ledger's ttl_s "
+            f"({run.store.ttl_s:g} s): the run's records could be deleted while it waits; "
+            "give the run a store with ActionStore(ttl_s=...) at least as long"
+        )
     args_hash = json_hash(args)
     key = _request_key(run, tool_call_id)
 

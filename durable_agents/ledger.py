@@ -28,6 +28,8 @@ from outboxkit.agents.errors import AgentRunError, DefinitionChangedError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 MODEL_REQUEST = "agent.model_request"
+RUN_RECORDS_TTL_S = 30 * 86400.0
+"""How long the default store of an :class:`AgentRun` keeps a record after its last change."""
 _CALL: contextvars.ContextVar[CallInfo] = contextvars.ContextVar("outboxkit_agents_call")
 _RUN: contextvars.ContextVar[AgentRun] = contextvars.ContextVar("outboxkit_agents_run")
 
@@ -40,13 +42,18 @@ class AgentRun:
     started again with it resumes. ``clock`` (seconds since the epoch) is the business clock
     of approval expiry; tests replace it. ``lease_s`` bounds how long a crashed process's
     claim on a call blocks the next one (heartbeats extend it while a call runs).
+
+    The run's records must outlive the run: a record past its store's ``ttl_s`` may be
+    deleted by ``actions cleanup`` or replaced, and a tool call whose record is gone would run
+    again. The default store keeps them :data:`RUN_RECORDS_TTL_S` (30 days) after their last
+    change; an approval may not stay open longer than its store's ``ttl_s``.
     """
 
     sessions: async_sessionmaker[AsyncSession]
     _: KW_ONLY
     tenant: str
     run_id: str
-    store: ActionStore = field(default_factory=ActionStore)
+    store: ActionStore = field(default_factory=lambda: ActionStore(ttl_s=RUN_RECORDS_TTL_S))
     clock: Callable[[], float] = time.time
     timeout_s: float = 60.0
     lease_s: float | None = None
@@ -257,6 +264,7 @@ def json_hash(value: Any) -> str:
 
 __all__ = [
     "MODEL_REQUEST",
+    "RUN_RECORDS_TTL_S",
     "AgentRun",
     "CallInfo",
     "current_call",

@@ -31,7 +31,7 @@ from langgraph.types import Command
 from outboxkit.actions import ActionStore
 from outboxkit.agents import AgentRun, AgentRunError, ApprovalRefusedError, current_call, decide
 from outboxkit.agents.langgraph import ledger_task
-from outboxkit.agents.ledger import using_run
+from outboxkit.agents.ledger import RUN_RECORDS_TTL_S, using_run
 from outboxkit.agents.openai_agents import DurableRunner, ledger_tool
 from outboxkit.agents.openai_agents import RunFinished as OpenAIFinished
 from outboxkit.agents.pydantic_ai import DurableAgent, DurableTool, RunFinished
@@ -289,7 +289,7 @@ def agent_run(sessions: Any, args: argparse.Namespace) -> AgentRun:
         sessions,
         tenant=args.tenant,
         run_id=args.run_id,
-        store=ActionStore(Outbox(default_topic=args.topic)),
+        store=ActionStore(Outbox(default_topic=args.topic), ttl_s=RUN_RECORDS_TTL_S),
         clock=lambda: time.time() + offset,
         lease_s=args.lease_s,
         timeout_s=30,
