@@ -22,7 +22,7 @@ from outboxkit.ops.dlq.discard import (
     discard,
     discard_of,
     discarded_count,
-    discarded_keys,
+    discarded_within,
 )
 from outboxkit.ops.dlq.grouping import FailureGroups, Tallies
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord, newest
@@ -92,9 +92,9 @@ async def topic_page(request: Request) -> Response:
         read = [record async for record in reader.read(topic, wanted, sample)]
     async with database_bounded(console.engine, console.config.timeout):
         await require_tables(console.engine, [dlq_discards.name])
-        keys = [(record.partition, record.offset) for record in read]
-        discarded = await discarded_keys(console.engine, topic, keys)
         async with console.engine.connect() as connection:
+            read_bounds = {span.partition: (span.start, span.stop) for span in sample}
+            discarded = await discarded_within(connection, topic, read_bounds)
             bounds = {span.partition: (span.first, span.end) for span in ranges}
             discarded_in_topic = await discarded_count(connection, topic, bounds)
     groups, tallies, shown, matched = FailureGroups(), Tallies(), list[DlqRecord](), 0

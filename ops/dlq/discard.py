@@ -121,6 +121,20 @@ async def discarded_count(
     return int(await connection.scalar(query) or 0)
 
 
+async def discarded_within(
+    connection: AsyncConnection, dlq_topic: str, bounds: Mapping[int, tuple[int, int]]
+) -> set[Key]:
+    """The discarded letters of ``dlq_topic`` in ``bounds`` (``{partition: (from offset, to
+    offset exclusive)}``): one range scan of ``dlq_discards``' unique key per partition, for
+    a bounded read (a list of the letters' keys in the query instead is planned slowly)."""
+    columns = dlq_discards.c
+    query = select(columns.dlq_partition, columns.dlq_offset).where(
+        held_by(dlq_discards, dlq_topic, bounds)
+    )
+    rows = (await connection.execute(query)).all()
+    return {(row.dlq_partition, row.dlq_offset) for row in rows}
+
+
 async def discard_of(
     engine: AsyncEngine, dlq_topic: str, partition: int, offset: int
 ) -> dict[str, Any] | None:
