@@ -35,7 +35,8 @@ from starlette.responses import HTMLResponse
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
 REPORT_TTL_S = 2.0
-DLQ_SAMPLE = 2000
+REPORT_STALE_S = 30.0
+DLQ_SAMPLE = 1000
 
 
 @dataclass
@@ -46,8 +47,10 @@ class ConsoleConfig:
     ``None``: the workflow pages only read. ``insecure_no_auth`` lets anyone in as an operator
     (the CLI allows it on a loopback address only). ``proxy``: identity from a trusted reverse
     proxy's header, beside the tokens. ``report_ttl_s``: how long the overview's report is
-    shared by its viewers. ``dlq_sample``: a dead-letter topic's page groups its newest
-    ``dlq_sample`` letters (actions still cover the whole filter).
+    shared by its viewers (0: each viewer reads its own); for ``report_stale_s`` more a viewer
+    is given it while a new one is read (:mod:`~outboxkit.console.report_cache`).
+    ``dlq_sample``: a dead-letter topic's page groups its newest ``dlq_sample`` letters (the
+    actions still cover the whole filter).
     """
 
     db_url: str
@@ -64,6 +67,7 @@ class ConsoleConfig:
     page_size: int = PAGE_SIZE
     secure_cookies: bool = False
     report_ttl_s: float = REPORT_TTL_S
+    report_stale_s: float = REPORT_STALE_S
     dlq_sample: int = DLQ_SAMPLE
 
 
@@ -99,9 +103,10 @@ class Console:
 
     def shared_report(self, name: str, read: Callable[[], Awaitable[Any]]) -> SharedReport[Any]:
         """The report ``name``, read by ``read`` and shared by the viewers of the same
-        ``report_ttl_s`` seconds."""
+        ``report_ttl_s`` seconds (and given while stale for ``report_stale_s`` more)."""
         if name not in self._reports:
-            self._reports[name] = SharedReport(read, self.config.report_ttl_s)
+            config = self.config
+            self._reports[name] = SharedReport(read, config.report_ttl_s, config.report_stale_s)
         return self._reports[name]
 
     def start(self) -> None:
@@ -110,6 +115,8 @@ class Console:
 
     async def close(self) -> None:
         """Disconnect from the broker; dispose of the database engines."""
+        for report in self._reports.values():
+            await report.close()
         await self.kafka.close()
         await self.engine.dispose()
         wf = self._workflow_engine
