@@ -25,28 +25,20 @@ from starlette.routing import Route
 async def _read_picture(console: Console) -> dict[str, Any]:
     config = console.config
     reader = await console.kafka.reader()
-    report = await report_status(
-        console.engine,
-        reader,
-        db_url=config.db_url,
-        groups=config.groups,
-        dlq_topics=config.dlq_topics,
-        timeout=config.timeout,
+    # the workflow counts on a connection of their own, while the report is read
+    report, workflows = await asyncio.gather(
+        report_status(
+            console.engine,
+            reader,
+            db_url=config.db_url,
+            groups=config.groups,
+            dlq_topics=config.dlq_topics,
+            timeout=config.timeout,
+        ),
+        _workflow_counts(console),
     )
     if isinstance(reader, DlqReader) and report.kafka is not None:
         console.kafka.failed(report.kafka)  # the broker went away: connect again later
-    workflows: dict[tuple[str, str], int] | Unreachable
-    try:
-        async with (
-            database_bounded(console.engine, config.timeout),
-            asyncio.timeout(config.timeout),
-            AsyncSession(console.engine) as session,
-        ):
-            workflows = await wf_ops.state_counts(session)
-    except (OpsError, TimeoutError) as error:
-        workflows = Unreachable(cause_line(error) if str(error) else "timed out")
-    except Exception as error:
-        workflows = Unreachable(cause_line(error))
     dlq = report.dlq
     return {
         "report": report,
@@ -57,6 +49,21 @@ async def _read_picture(console: Console) -> dict[str, Any]:
         "Unreachable": Unreachable,
         "DlqInfo": DlqInfo,
     }
+
+
+async def _workflow_counts(console: Console) -> dict[tuple[str, str], int] | Unreachable:
+    timeout = console.config.timeout
+    try:
+        async with (
+            database_bounded(console.engine, timeout),
+            asyncio.timeout(timeout),
+            AsyncSession(console.engine) as session,
+        ):
+            return await wf_ops.state_counts(session)
+    except (OpsError, TimeoutError) as error:
+        return Unreachable(cause_line(error) if str(error) else "timed out")
+    except Exception as error:
+        return Unreachable(cause_line(error))
 
 
 async def _picture(request: Request) -> dict[str, Any]:
