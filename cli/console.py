@@ -75,6 +75,9 @@ def console(
         None, "--actions-topic", envvar="OUTBOXKIT_ACTIONS_TOPIC", help="Topic of resolutions."
     ),
     refresh: float = typer.Option(5.0, "--refresh", min=0.5, help="Overview refresh (s)."),
+    dlq_sample: int | None = typer.Option(
+        None, "--dlq-sample", min=1, help="A dead-letter topic page groups its newest N (1000)."
+    ),
     secure_cookies: bool = typer.Option(
         False, "--secure-cookies", help="Mark cookies Secure (behind an HTTPS reverse proxy)."
     ),
@@ -147,6 +150,7 @@ def console(
         actions_topic=actions_topic or DEFAULT_TOPIC,
         workflow_engine=engine_factory,
         refresh_s=refresh,
+        **({} if dlq_sample is None else {"dlq_sample": dlq_sample}),
         secure_cookies=secure_cookies,
     )
     quiet_kafka_logs()

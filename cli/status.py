@@ -320,12 +320,14 @@ def _dead_letters(report: StatusReport) -> list[RenderableType]:
     parts: list[RenderableType] = []
     if read:
         table = Table(title=Text("dead letters"))
-        for name in ("TOPIC", "RECORDS", "REPLAYED", "OLDEST"):
+        for name in ("TOPIC", "RECORDS", "DISCARDED", "REPLAYED", "OLDEST"):
             table.add_column(name, justify="left" if name == "TOPIC" else "right")
         for info in read:
             replayed = "?" if info.replayed is None else str(info.replayed)
+            discarded = "?" if info.discarded is None else str(info.discarded)
             oldest = f"{_age(info.oldest_age_s)} old" if info.oldest_age_s is not None else "-"
-            table.add_row(Text(info.topic), Text(str(info.records)), Text(replayed), Text(oldest))
+            cells = (info.topic, str(info.records), discarded, replayed, oldest)
+            table.add_row(*(Text(cell) for cell in cells))
         parts.append(table)
     for missing in report.dlq:
         if isinstance(missing, DlqTopicUnreachable):

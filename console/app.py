@@ -191,6 +191,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        console.start()
         try:
             yield
         finally:

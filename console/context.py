@@ -4,7 +4,7 @@ templates; and the helpers that render a page and guard a change."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from outboxkit.actions.events import DEFAULT_TOPIC
 from outboxkit.console import audit
+from outboxkit.console.kafka_link import KafkaLink
+from outboxkit.console.report_cache import SharedReport
 from outboxkit.console.security import (
     CSRF_FIELD,
     Principal,
@@ -32,6 +34,9 @@ from starlette.responses import HTMLResponse
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
+REPORT_TTL_S = 2.0
+REPORT_STALE_S = 30.0
+DLQ_SAMPLE = 1000
 
 
 @dataclass
@@ -41,7 +46,11 @@ class ConsoleConfig:
     ``workflow_engine`` builds the application's engine (``--app``), for the workflow decisions;
     ``None``: the workflow pages only read. ``insecure_no_auth`` lets anyone in as an operator
     (the CLI allows it on a loopback address only). ``proxy``: identity from a trusted reverse
-    proxy's header, beside the tokens.
+    proxy's header, beside the tokens. ``report_ttl_s``: how long the overview's report is
+    shared by its viewers (0: each viewer reads its own); for ``report_stale_s`` more a viewer
+    is given it while a new one is read (:mod:`~outboxkit.console.report_cache`).
+    ``dlq_sample``: a dead-letter topic's page groups its newest ``dlq_sample`` letters (the
+    actions still cover the whole filter).
     """
 
     db_url: str
@@ -57,14 +66,20 @@ class ConsoleConfig:
     refresh_s: float = 5.0
     page_size: int = PAGE_SIZE
     secure_cookies: bool = False
+    report_ttl_s: float = REPORT_TTL_S
+    report_stale_s: float = REPORT_STALE_S
+    dlq_sample: int = DLQ_SAMPLE
 
 
 class Console:
-    """The running console's state (one per app)."""
+    """The running console's state (one per app): its sources' clients, kept for the
+    process's life (:meth:`start`, :meth:`close`), sessions, templates."""
 
     def __init__(self, config: ConsoleConfig, engine: AsyncEngine) -> None:
         self.config = config
         self.engine = engine
+        self.kafka = KafkaLink(config.kafka, config.timeout)
+        self._reports: dict[str, SharedReport[Any]] = {}
         self.sessions = Sessions()
         self.login_secret = secrets.token_bytes(32)
         self._workflow_engine: WorkflowEngine | None = None
@@ -86,8 +101,23 @@ class Console:
             self._workflow_engine = self.config.workflow_engine()
         return self._workflow_engine
 
+    def shared_report(self, name: str, read: Callable[[], Awaitable[Any]]) -> SharedReport[Any]:
+        """The report ``name``, read by ``read`` and shared by the viewers of the same
+        ``report_ttl_s`` seconds (and given while stale for ``report_stale_s`` more)."""
+        if name not in self._reports:
+            config = self.config
+            self._reports[name] = SharedReport(read, config.report_ttl_s, config.report_stale_s)
+        return self._reports[name]
+
+    def start(self) -> None:
+        """Connect to the broker in the background (the server's start-up)."""
+        self.kafka.start()
+
     async def close(self) -> None:
-        """Dispose of the database engines."""
+        """Disconnect from the broker; dispose of the database engines."""
+        for report in self._reports.values():
+            await report.close()
+        await self.kafka.close()
         await self.engine.dispose()
         wf = self._workflow_engine
         bind = None if wf is None else wf.sessions.kw.get("bind")

@@ -21,15 +21,15 @@ from outboxkit.ops.dlq.discard import (
     DiscardOptions,
     discard,
     discard_of,
-    discarded_keys,
-    visible,
+    discarded_count,
+    discarded_within,
 )
 from outboxkit.ops.dlq.grouping import FailureGroups, Tallies
-from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
+from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord, newest
 from outboxkit.ops.dlq.rendering import render_data, shown_header
 from outboxkit.ops.dlq.replay import Replayer, ReplayOptions
 from outboxkit.ops.dlq.tables import dlq_discards, dlq_replays
-from outboxkit.ops.status import dlq_counts
+from outboxkit.ops.status import DlqInfo, DlqTopicUnreachable, add_ledgers, dlq_counts
 from starlette.datastructures import FormData, QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
@@ -67,42 +67,58 @@ def _filter(fields: dict[str, str]) -> DlqFilter:
 
 
 async def topics_page(request: Request) -> Response:
-    """Every dead-letter topic and how many records it holds."""
+    """Every dead-letter topic, its letters still to handle and the discarded ones (the counts
+    of ``outboxkit status``)."""
     console = console_of(request)
-    async with _reader(request) as reader:
-        infos = await dlq_counts(reader, console.config.dlq_topics or None)
+    config = console.config
+    infos: list[DlqInfo | DlqTopicUnreachable]
+    async with console.kafka.reading() as reader:
+        infos = await dlq_counts(reader, config.dlq_topics or None)
+    await add_ledgers(console.engine, config.timeout, infos)
     return console.render(request, "dlq_topics.html", infos=infos)
 
 
 async def topic_page(request: Request) -> Response:
-    """A topic's letters grouped, and the first ones listed."""
+    """A topic's newest letters (``dlq_sample`` of them at most) grouped, and the first of
+    those listed; the filter's actions still cover every letter it matches."""
     console = console_of(request)
     topic = request.path_params["topic"]
     fields = _fields(request.query_params)
     wanted = _filter(fields)
     include = text_of(request.query_params, "include_discarded") is not None
-    groups, tallies, shown, matched = FailureGroups(), Tallies(), list[DlqRecord](), 0
+    async with console.kafka.reading() as reader:
+        ranges = await reader.plan(topic, wanted)
+        sample = newest(ranges, console.config.dlq_sample)
+        read = [record async for record in reader.read(topic, wanted, sample)]
     async with database_bounded(console.engine, console.config.timeout):
         await require_tables(console.engine, [dlq_discards.name])
-        discarded = await discarded_keys(console.engine, topic)
-    async with _reader(request) as reader:
-        records = reader.read(topic, wanted)
-        async for record in records if include else visible(records, discarded):
-            matched += 1
-            groups.add(record)
-            tallies.add(record)
-            if len(shown) < console.config.page_size:
-                shown.append(record)
+        async with console.engine.connect() as connection:
+            read_bounds = {span.partition: (span.start, span.stop) for span in sample}
+            discarded = await discarded_within(connection, topic, read_bounds)
+            bounds = {span.partition: (span.first, span.end) for span in ranges}
+            discarded_in_topic = await discarded_count(connection, topic, bounds)
+    groups, tallies, shown, matched = FailureGroups(), Tallies(), list[DlqRecord](), 0
+    for record in read:
+        if not include and (record.partition, record.offset) in discarded:
+            continue
+        matched += 1
+        groups.add(record)
+        tallies.add(record)
+        if len(shown) < console.config.page_size:
+            shown.append(record)
     return console.render(
         request,
         "dlq_topic.html",
         topic=topic,
         fields=fields,
         matched=matched,
+        covered=sum(span.size for span in sample),
+        in_range=sum(span.size for span in ranges),
         groups=groups.ordered(),
         tallies=tallies,
         shown=shown,
         discarded=discarded,
+        discarded_in_topic=discarded_in_topic,
         include=include,
     )
 
@@ -112,7 +128,7 @@ async def letter_page(request: Request) -> Response:
     console = console_of(request)
     topic = request.path_params["topic"]
     partition, offset = request.path_params["partition"], request.path_params["offset"]
-    async with _reader(request) as reader:
+    async with console.kafka.reading() as reader:
         record = await reader.fetch(topic, partition, offset)
     async with database_bounded(console.engine, console.config.timeout):
         await require_tables(console.engine, [dlq_discards.name])

@@ -33,17 +33,18 @@ from outboxkit.ops.access import (
     ops_engine,
     require_tables,
 )
+from outboxkit.ops.dlq.discard import discarded_count
 from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.sequences import summarize as summarize_sequences
-from outboxkit.ops.dlq.tables import dlq_replays
+from outboxkit.ops.dlq.tables import dlq_discards, dlq_replays, held_by
 from outboxkit.outbox.db import parse_url
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay.slot import SlotLag, slot_lags
-from sqlalchemy import func, or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 DLQ_SUFFIX = ".dlq"
 TABLES = (
@@ -52,6 +53,7 @@ TABLES = (
     outbox_shard_leases.name,
     inbox_events.name,
     dlq_replays.name,
+    dlq_discards.name,
     agent_operations.name,
 )
 OK = "ok"
@@ -166,13 +168,17 @@ class GroupLag:
 
 @dataclass
 class DlqInfo:
-    """A dead-letter topic: records held (end minus beginning offsets), how many replayed
-    (``None`` when the database is unreachable), and the oldest record still held."""
+    """A dead-letter topic: its letters still to handle (``records``: those held minus the
+    discarded ones), how many of those held were ``discarded`` and ``replayed`` (both ``None``
+    when the database is unreachable: ``records`` is then every letter held), and the oldest
+    record still held. ``held`` is every record in the topic (end minus beginning offsets)."""
 
     topic: str
     records: int
     replayed: int | None
     partitions: dict[int, int]
+    held: int = 0
+    discarded: int | None = None
     oldest_timestamp_ms: int | None = None
     oldest_age_s: float | None = None
     bounds: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
@@ -336,22 +342,67 @@ async def read_status(
     timeout: float = DEFAULT_TIMEOUT_S,
     limits: Thresholds | None = None,
 ) -> StatusReport:
-    """Read every source, each bounded by ``timeout``; an unreachable one marks its sections.
-
-    Groups default to the inbox's consumer names (which need the database). A malformed
-    ``db_url`` is the caller's error and raises; an unreachable database does not.
+    """Connect to every source, read it with :func:`report_status`, disconnect (``outboxkit
+    status``: one report a run). A malformed ``db_url`` is the caller's error and raises; an
+    unreachable database or broker does not.
     """
-    given = parse_url(db_url)
-    secrets = [given.password or ""]
-    time_ms = int(time.time() * 1000)
-    engine: AsyncEngine | None = None
-    missing: Unreachable | None = None
+    engine: AsyncEngine | Unreachable
     try:
         engine = ops_engine(db_url, timeout)
     except DatabaseUnreachableError as error:  # a SQLite file that does not exist
-        missing = Unreachable(cause_line(error, secrets))
+        engine = Unreachable(cause_line(error, _secrets(db_url)))
+    kafka = await connect_kafka(kafka_settings, timeout)
+    try:
+        return await report_status(
+            engine,
+            kafka,
+            db_url=db_url,
+            groups=groups,
+            dlq_topics=dlq_topics,
+            timeout=timeout,
+            limits=limits,
+        )
+    finally:
+        if isinstance(kafka, DlqReader):
+            await kafka.close()
+        if isinstance(engine, AsyncEngine):
+            await engine.dispose()
+
+
+async def connect_kafka(kafka: KafkaSettings, timeout: float) -> DlqReader | Unreachable:
+    """A started reader (its admin client and consumer) for :func:`report_status`, or why the
+    broker could not be reached (one line)."""
+    reader = DlqReader(kafka, timeout)
+    try:
+        await reader.__aenter__()
+    except OpsError as error:
+        return Unreachable(cause_line(error))
+    return reader
+
+
+async def report_status(
+    engine: AsyncEngine | Unreachable,
+    kafka: DlqReader | Unreachable,
+    *,
+    db_url: str,
+    groups: Sequence[str] = (),
+    dlq_topics: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT_S,
+    limits: Thresholds | None = None,
+) -> StatusReport:
+    """Read every source through clients the caller keeps (the console keeps them for its
+    life, :func:`read_status` for one report), each read bounded by ``timeout``; a source that
+    cannot be read marks its sections. ``kafka`` is a started reader (:func:`connect_kafka`) or
+    why there is none; a broker that stops answering makes the report's ``kafka`` an
+    :class:`Unreachable`, which tells a caller keeping the reader to connect again.
+
+    Groups default to the inbox's consumer names (which need the database). ``db_url`` is the
+    URL as the operator gave it, for the causes (its password is masked).
+    """
+    secrets = _secrets(db_url)
+    time_ms = int(time.time() * 1000)
     database_task = asyncio.create_task(
-        _read_database(engine, missing, timeout, secrets, given.render_as_string(True))
+        _read_database(engine, timeout, secrets, parse_url(db_url).render_as_string(True))
     )
     try:
 
@@ -363,29 +414,30 @@ async def read_status(
                 return Unreachable(GROUPS_NEED_DATABASE)
             return list(database.inbox.by_consumer)
 
-        kafka, consumers, dlq = await _read_kafka(kafka_settings, timeout, group_names, dlq_topics)
+        broker, consumers, dlq = await _read_kafka(kafka, group_names, dlq_topics)
         database = await database_task
-        if engine is not None and not isinstance(database, Unreachable):
-            await _add_replayed(engine, timeout, dlq)
+        if isinstance(engine, AsyncEngine) and not isinstance(database, Unreachable):
+            await add_ledgers(engine, timeout, dlq)
     finally:
         if not database_task.done():
             database_task.cancel()
-        if engine is not None:
-            await engine.dispose()
-    report = StatusReport(time_ms, database, kafka, consumers, dlq)
+    report = StatusReport(time_ms, database, broker, consumers, dlq)
     report.crossed = crossed(report, limits or Thresholds())
     return report
 
 
+def _secrets(db_url: str) -> list[str]:
+    return [parse_url(db_url).password or ""]
+
+
 async def _read_database(
-    engine: AsyncEngine | None,
-    missing: Unreachable | None,
+    engine: AsyncEngine | Unreachable,
     timeout: float,
     secrets: Sequence[str],
     shown_url: str,
 ) -> DatabaseStatus | Unreachable:
-    if engine is None:
-        return missing or Unreachable("no database")
+    if isinstance(engine, Unreachable):
+        return engine
     try:
         async with database_bounded(engine, timeout), asyncio.timeout(timeout):
             await require_tables(engine, TABLES)
@@ -397,34 +449,33 @@ async def _read_database(
 
 
 async def _read_kafka(
-    kafka: KafkaSettings,
-    timeout: float,
+    reader: DlqReader | Unreachable,
     group_names: Callable[[], Awaitable[list[str] | Unreachable]],
     dlq_topics: Sequence[str],
 ) -> tuple[Unreachable | None, Consumers, DeadLetters]:
-    reader = DlqReader(kafka, timeout)
+    if isinstance(reader, Unreachable):
+        return reader, reader, reader
     try:
-        await reader.__aenter__()
+        # The topics as they are now (a kept reader would remember old ones); a broker that
+        # does not answer this is down for the whole report.
+        await reader.topics(refresh=True)
     except OpsError as error:
         down = Unreachable(cause_line(error))
         return down, down, down
+    dlq: DeadLetters
     try:
-        dlq: DeadLetters
+        dlq = await dlq_counts(reader, dlq_topics)
+    except OpsError as error:
+        dlq = Unreachable(cause_line(error))
+    names = await group_names()
+    consumers: Consumers
+    if isinstance(names, Unreachable):
+        consumers = names
+    else:
         try:
-            dlq = await dlq_counts(reader, dlq_topics)
+            consumers = await group_lags(reader, names)
         except OpsError as error:
-            dlq = Unreachable(cause_line(error))
-        names = await group_names()
-        consumers: Consumers
-        if isinstance(names, Unreachable):
-            consumers = names
-        else:
-            try:
-                consumers = await group_lags(reader, names)
-            except OpsError as error:
-                consumers = Unreachable(cause_line(error))
-    finally:
-        await reader.close()
+            consumers = Unreachable(cause_line(error))
     return None, consumers, dlq
 
 
@@ -572,7 +623,8 @@ async def dlq_counts(
     A topic named in ``topics`` that does not exist, or whose offsets the broker does not
     give, is a :class:`DlqTopicUnreachable`; the others are read all the same. The cost is
     bounded: two offset requests and one time-index request per topic, no record is read.
-    ``replayed`` is left ``None`` (the database's part, :func:`read_status` adds it).
+    ``replayed`` and ``discarded`` are left ``None`` and ``records`` counts every letter held
+    (the database's part: :func:`report_status` takes the discarded ones out).
     """
     existing = await reader.topics()
     if topics:
@@ -594,12 +646,14 @@ async def dlq_counts(
             infos.append(DlqTopicUnreachable(name, cause_line(error)))
             continue
         oldest = min(firsts.values(), default=None)
+        held = sum(end - first for first, end in bounds.values())
         infos.append(
             DlqInfo(
                 topic=name,
-                records=sum(end - first for first, end in bounds.values()),
+                records=held,
                 replayed=None,
                 partitions={p: end - first for p, (first, end) in sorted(bounds.items())},
+                held=held,
                 oldest_timestamp_ms=oldest,
                 oldest_age_s=_age_s(now_ms, oldest),
                 bounds=bounds,
@@ -608,37 +662,40 @@ async def dlq_counts(
     return infos
 
 
-async def _add_replayed(engine: AsyncEngine, timeout: float, dlq: DeadLetters) -> None:
+async def add_ledgers(engine: AsyncEngine, timeout: float, dlq: DeadLetters) -> None:
+    """Complete :func:`dlq_counts`' answer from the database: per topic, how many of the
+    letters held are discarded (taken out of ``records``) and replayed; two indexed counts per
+    topic in one connection. An unreachable database leaves them ``None``."""
     if isinstance(dlq, Unreachable):
         return
-    for info in dlq:
-        if isinstance(info, DlqInfo):
-            try:
-                async with database_bounded(engine, timeout), asyncio.timeout(timeout):
-                    info.replayed = await _replayed(engine, info.topic, info.bounds)
-            except OpsError:
-                return  # the database went away since it was read: replayed stays unknown
+    infos = [info for info in dlq if isinstance(info, DlqInfo)]
+    if not infos:
+        return
+    try:
+        async with (
+            database_bounded(engine, timeout),
+            asyncio.timeout(timeout),
+            engine.connect() as connection,
+        ):
+            for info in infos:
+                discarded = await discarded_count(connection, info.topic, info.bounds)
+                info.replayed = await _replayed(connection, info.topic, info.bounds)
+                info.discarded, info.records = discarded, info.held - discarded
+    except OpsError:
+        return  # the database went away since it was read: replayed and discards stay unknown
 
 
-async def _replayed(engine: AsyncEngine, topic: str, bounds: dict[int, tuple[int, int]]) -> int:
+async def _replayed(
+    connection: AsyncConnection, topic: str, bounds: dict[int, tuple[int, int]]
+) -> int:
     # Records still in the topic that the ledger says were replayed (to any target).
-    held = [
-        (dlq_replays.c.dlq_partition == p)
-        & (dlq_replays.c.dlq_offset >= first)
-        & (dlq_replays.c.dlq_offset < end)
-        for p, (first, end) in bounds.items()
-        if end > first
-    ]
-    if not held:
-        return 0
     replayed = (
         select(dlq_replays.c.dlq_partition, dlq_replays.c.dlq_offset)
-        .where(dlq_replays.c.dlq_topic == topic, or_(*held))
+        .where(held_by(dlq_replays, topic, bounds))
         .distinct()
         .subquery()
     )
-    async with engine.connect() as connection:
-        return int(await connection.scalar(select(func.count()).select_from(replayed)) or 0)
+    return int(await connection.scalar(select(func.count()).select_from(replayed)) or 0)
 
 
 def _slot_lines(slots: list[SlotLag], limits: Thresholds) -> list[str]:

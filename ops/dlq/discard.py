@@ -10,18 +10,18 @@ and a replay skips it (status ``discarded``) until it is un-discarded explicitly
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from outboxkit.ops.access import OpsError
 from outboxkit.ops.dlq.reader import DlqFilter, DlqReader, DlqRecord
-from outboxkit.ops.dlq.tables import REASON_MAX, REPLAYED_BY_MAX, dlq_discards
+from outboxkit.ops.dlq.tables import REASON_MAX, REPLAYED_BY_MAX, dlq_discards, held_by
 from outboxkit.outbox.clock import db_now_ms
 from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.outbox.jsonable import as_json
-from sqlalchemy import delete, select, tuple_
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from uuid6 import uuid7
 
 CHUNK = 200
@@ -108,6 +108,30 @@ async def discarded_keys(
         query = query.where(tuple_(columns.dlq_partition, columns.dlq_offset).in_(list(keys)))
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
+    return {(row.dlq_partition, row.dlq_offset) for row in rows}
+
+
+async def discarded_count(
+    connection: AsyncConnection, dlq_topic: str, bounds: Mapping[int, tuple[int, int]]
+) -> int:
+    """How many letters ``dlq_topic`` still holds (``bounds``: ``{partition: (first offset,
+    end offset)}``, :meth:`DlqReader.offsets`) are discarded: one count on the unique key of
+    ``dlq_discards``. Discards of letters the topic no longer holds (retention) do not count."""
+    query = select(func.count()).where(held_by(dlq_discards, dlq_topic, bounds))
+    return int(await connection.scalar(query) or 0)
+
+
+async def discarded_within(
+    connection: AsyncConnection, dlq_topic: str, bounds: Mapping[int, tuple[int, int]]
+) -> set[Key]:
+    """The discarded letters of ``dlq_topic`` in ``bounds`` (``{partition: (from offset, to
+    offset exclusive)}``): one range scan of ``dlq_discards``' unique key per partition, for
+    a bounded read (a list of the letters' keys in the query instead is planned slowly)."""
+    columns = dlq_discards.c
+    query = select(columns.dlq_partition, columns.dlq_offset).where(
+        held_by(dlq_discards, dlq_topic, bounds)
+    )
+    rows = (await connection.execute(query)).all()
     return {(row.dlq_partition, row.dlq_offset) for row in rows}
 
 

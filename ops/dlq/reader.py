@@ -207,6 +207,28 @@ class PartitionRange:
         return max(0, self.stop - self.start)
 
 
+def newest(ranges: Sequence[PartitionRange], limit: int) -> list[PartitionRange]:
+    """``ranges`` cut to their newest ``limit`` offsets in all (the ends of the ranges), shared
+    out evenly between partitions; a partition with fewer leaves its share to the others. A
+    bounded read for a sample of a big topic, in the ranges' order."""
+    share: dict[int, int] = {}
+    left, partitions = max(0, limit), len(ranges)
+    for span in sorted(ranges, key=lambda span: span.size):
+        share[span.partition] = min(span.size, left // partitions)
+        left -= share[span.partition]
+        partitions -= 1
+    return [
+        PartitionRange(
+            span.partition,
+            span.first,
+            span.end,
+            max(span.start, span.stop - share[span.partition]),
+            span.stop,
+        )
+        for span in ranges
+    ]
+
+
 @dataclass
 class DlqReader:
     """Reads dead-letter topics without a consumer group (nothing is committed).

@@ -8,8 +8,21 @@ record to the same topic a no-op unless forced. Created by the migration ``0004_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from outboxkit.outbox.tables import metadata
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ColumnElement,
+    Index,
+    Integer,
+    String,
+    Table,
+    UniqueConstraint,
+    false,
+    or_,
+)
 
 TOPIC_MAX = 249
 REPLAYED_BY_MAX = 128
@@ -52,3 +65,16 @@ dlq_discards = Table(
 a row here leaves it out of listings and replays until it is un-discarded (the row deleted)."""
 
 Index("ix_dlq_discards_discard_id", dlq_discards.c.discard_id)
+
+
+def held_by(table: Table, topic: str, bounds: Mapping[int, tuple[int, int]]) -> ColumnElement[bool]:
+    """The rows of ``table`` (:data:`dlq_replays` or :data:`dlq_discards`) about records that
+    ``topic`` still holds: ``bounds`` is ``{partition: (first offset, end offset)}``. Served by
+    the unique key, which starts with ``(dlq_topic, dlq_partition, dlq_offset)``."""
+    columns = table.c
+    held = [
+        (columns.dlq_partition == p) & (columns.dlq_offset >= first) & (columns.dlq_offset < end)
+        for p, (first, end) in bounds.items()
+        if end > first
+    ]
+    return (columns.dlq_topic == topic) & (or_(*held) if held else false())

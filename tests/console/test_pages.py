@@ -170,6 +170,14 @@ def test_discard_a_group_counts_first_asks_a_reason_hides_it_and_replay_skips_it
         done = client.post(f"/dlq/{dlq}/discard", data={**confirm, "reason": "re-entered"})
         assert "2 discarded, 0 already discarded" in done.text
         assert discards(pg_url) == 2
+        # the overview and the topics page count the letters left to handle, and the discarded
+        live = client.get("/overview/live").text
+        assert re.search(
+            rf'{dlq}</a></td>\s*<td><a class="dlq-count"[^>]*>4</a></td>\s*'
+            r'<td class="dlq-discarded">2</td>',
+            live,
+        ), live
+        assert re.search(rf"{dlq}</a></td>\s*<td>4</td><td>2</td>", client.get("/dlq").text)
         audit = client.get("/audit").text
         assert re.search(r"dlq\.discard.*<td>2</td><td>re-entered</td>", audit, re.S)
         # left out of the list unless asked for; the letter itself still opens

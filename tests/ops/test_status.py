@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from tests.support.actions import leave_unknown
-from tests.support.consumers import produce
+from tests.support.consumers import dead_letters_of_two_causes, produce
 from tests.support.kafka import wait_for
 from tests.support.ops import cli, cli_process, commit_offsets
 
@@ -446,3 +447,34 @@ def test_a_cause_masks_the_password_as_a_word_and_shows_the_operators_url() -> N
     error = OpsError(f"database {driver_url} unreachable: password postgres refused")
     line = cause_line(error, ["postgres"], replace=(driver_url, given_url))
     assert line == "database postgresql://***:***@127.0.0.1:1/x unreachable: password *** refused"
+
+
+async def test_dead_letter_counts_leave_the_discarded_letters_out(
+    pg_url: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OUTBOXKIT_DB_URL", raising=False)
+    topic = f"status-discard-{uuid.uuid4().hex[:8]}"
+    dlq = await dead_letters_of_two_causes(kafka_bootstrap, topic)  # 6: 4 Limit, 2 Timeout
+    where = ("--db-url", pg_url, "--bootstrap", kafka_bootstrap)
+    discarded = await cli(
+        "dlq", "discard", dlq, "--error-class", "Timeout", "--reason", "re-entered", *where,
+        "--json",
+    )  # fmt: skip
+    assert (discarded.code, discarded.json()["changed"]) == (0, 2), discarded.err
+
+    result = await cli("status", "--json", *where, "--dlq", dlq)
+    assert result.code == 0, result.err
+    [dead] = result.json()["dlq"]["topics"]
+    assert (dead["records"], dead["discarded"], dead["held"]) == (4, 2, 6)
+    # the threshold counts the letters left to handle
+    assert (await cli("status", *where, "--dlq", dlq, "--max-dlq", "4")).code == 0
+    crossed = await cli("status", *where, "--dlq", dlq, "--max-dlq", "3")
+    assert crossed.code == 1 and f"{dlq} holds 4 record(s)" in crossed.err
+    text = await cli("status", *where, "--dlq", dlq)
+    assert "DISCARDED" in text.out
+    assert re.search(rf"{re.escape(dlq)}\s*│\s*4\s*│\s*2\s*│\s*0\s*│", text.out), text.out
+    # without the database, every letter held counts and the discards are unknown
+    blind = (await cli("status", "--json", "--db-url", DOWN_DB, "--bootstrap", kafka_bootstrap,
+                       "--dlq", dlq, "--timeout", "2")).json()  # fmt: skip
+    [dead] = blind["dlq"]["topics"]
+    assert (dead["records"], dead["discarded"], dead["held"]) == (6, None, 6)
