@@ -48,6 +48,7 @@ from bench.growth_tables import (
     TableStats,
     copy_inbox,
     copy_outbox,
+    percentile,
     table_stats,
     timed_engine,
     vacuum_analyze,
@@ -91,7 +92,9 @@ def _say(row: Row) -> None:
 
 
 def _purge(url: str, purge: Any) -> tuple[int, float, float]:
-    """Run ``purge(engine)`` on a timed engine: rows removed, seconds, longest transaction."""
+    """Run ``purge(engine)`` on a timed engine: rows removed, seconds, longest transaction.
+
+    Also prints the median and p99 transaction and the longest row-lock hold."""
 
     async def go() -> tuple[int, float, float]:
         engine, timer = timed_engine(url)
@@ -100,6 +103,12 @@ def _purge(url: str, purge: Any) -> tuple[int, float, float]:
             removed = await purge(engine)
         finally:
             await engine.dispose()
+        print(
+            f"  retention transactions: {len(timer.durations_ms)}, p50 "
+            f"{percentile(timer.durations_ms, 50):.0f} ms, p99 "
+            f"{percentile(timer.durations_ms, 99):.0f} ms; longest row-lock hold "
+            f"{timer.longest_lock_ms:.0f} ms"
+        )
         return removed, time.monotonic() - began, timer.longest_ms
 
     return asyncio.run(go())
@@ -316,8 +325,10 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"inflow: wrote {figures['write_per_s']:,.0f}/s (target {args.inflow_rate:,.0f}), "
         f"applied {figures['consume_per_s']:,.0f}/s; longest retention tx: outbox "
         f"{figures['outbox_purge_longest_ms']:.0f} ms, "
-        f"inbox {figures['inbox_purge_longest_ms']:.0f} ms "
-        f"(target <= {LOCK_TARGET_MS:.0f} ms)"
+        f"inbox {figures['inbox_purge_longest_ms']:.0f} ms (p50 {figures['purge_p50_ms']:.0f}, "
+        f"p99 {figures['purge_p99_ms']:.0f}); longest row-lock hold: outbox "
+        f"{figures['outbox_lock_longest_ms']:.0f} ms, inbox {figures['inbox_lock_longest_ms']:.0f}"
+        f" ms (target <= {LOCK_TARGET_MS:.0f} ms)"
     )
 
 

@@ -63,6 +63,8 @@ class InflowResult:
     samples: list[Sample] = field(default_factory=list)
     outbox_purge_ms: list[float] = field(default_factory=list)
     inbox_purge_ms: list[float] = field(default_factory=list)
+    outbox_lock_ms: list[float] = field(default_factory=list)
+    inbox_lock_ms: list[float] = field(default_factory=list)
     outbox_purged: int = 0
     inbox_purged: int = 0
 
@@ -116,11 +118,15 @@ async def _retain(
     try:
         while not stop.is_set():
             result.outbox_purged += await delete_published(engine, int(window_s * 1000), 5000)
-            result.outbox_purge_ms += timer.take()
+            transactions, locks = timer.take()
+            result.outbox_purge_ms += transactions
+            result.outbox_lock_ms += locks
             result.inbox_purged += await purge_inbox(
                 engine, consumer=CONSUMER, older_than_s=window_s, chunk_size=DEFAULT_PURGE_CHUNK
             )
-            result.inbox_purge_ms += timer.take()
+            transactions, locks = timer.take()
+            result.inbox_purge_ms += transactions
+            result.inbox_lock_ms += locks
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
     finally:
@@ -230,6 +236,10 @@ def summary(result: InflowResult) -> dict[str, float]:
         "outbox_purge_longest_ms": max(result.outbox_purge_ms, default=0.0),
         "inbox_purge_longest_ms": max(result.inbox_purge_ms, default=0.0),
         "purge_p99_ms": percentile(purges, 99),
+        "purge_p50_ms": percentile(purges, 50),
+        "outbox_lock_longest_ms": max(result.outbox_lock_ms, default=0.0),
+        "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
+        "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
         "purge_transactions": float(len(purges)),
         "outbox_purged": float(result.outbox_purged),
         "inbox_purged": float(result.inbox_purged),

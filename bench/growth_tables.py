@@ -213,13 +213,22 @@ async def table_stats(url: str, table: str) -> TableStats:
     )
 
 
+def _takes_row_locks(statement: str) -> bool:
+    """True for a statement that locks rows until the transaction ends."""
+    head = statement.lstrip()[:6].upper()
+    return head in ("DELETE", "UPDATE", "INSERT") or "FOR UPDATE" in statement.upper()
+
+
 @dataclass
 class TransactionTimer:
-    """Wall time of every transaction of an engine, from BEGIN to COMMIT/ROLLBACK returning:
-    an upper bound of how long the transaction held its locks."""
+    """Wall time of every transaction of an engine, from BEGIN to COMMIT/ROLLBACK returning,
+    and how long it held row locks: from its first DELETE/UPDATE/INSERT or ``FOR UPDATE`` to
+    the end (table-level locks of a plain SELECT block only DDL and are not counted)."""
 
     durations_ms: list[float] = field(default_factory=list)
+    locks_ms: list[float] = field(default_factory=list)
     _began: dict[int, float] = field(default_factory=dict)
+    _locked: dict[int, float] = field(default_factory=dict)
 
     def attach(self, engine: AsyncEngine) -> AsyncEngine:
         """Time ``engine``'s transactions from now on; return it."""
@@ -227,12 +236,21 @@ class TransactionTimer:
         def begin(connection: Any) -> None:
             self._began[id(connection)] = time.perf_counter()
 
+        def execute(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if id(connection) in self._began and _takes_row_locks(statement):
+                self._locked.setdefault(id(connection), time.perf_counter())
+
         def end(connection: Any) -> None:
+            now = time.perf_counter()
             began = self._began.pop(id(connection), None)
             if began is not None:
-                self.durations_ms.append((time.perf_counter() - began) * 1000)
+                self.durations_ms.append((now - began) * 1000)
+            locked = self._locked.pop(id(connection), None)
+            if locked is not None:
+                self.locks_ms.append((now - locked) * 1000)
 
         event.listen(engine.sync_engine, "begin", begin)
+        event.listen(engine.sync_engine, "before_cursor_execute", execute)
         event.listen(engine.sync_engine, "commit", end)
         event.listen(engine.sync_engine, "rollback", end)
         return engine
@@ -242,9 +260,15 @@ class TransactionTimer:
         """The longest transaction so far (0 if none)."""
         return max(self.durations_ms, default=0.0)
 
-    def take(self) -> list[float]:
-        """The durations recorded so far; the timer starts a fresh list."""
-        taken, self.durations_ms = self.durations_ms, []
+    @property
+    def longest_lock_ms(self) -> float:
+        """The longest row-lock hold so far (0 if none)."""
+        return max(self.locks_ms, default=0.0)
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """The transaction and lock durations recorded so far; the timer starts afresh."""
+        taken = (self.durations_ms, self.locks_ms)
+        self.durations_ms, self.locks_ms = [], []
         return taken
 
 
