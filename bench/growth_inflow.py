@@ -1,0 +1,246 @@
+"""Retention under inflow for bench.growth: events written at a steady rate, relayed (poll
+mode) and consumed (inbox + batch handler), while the outbox retention and the inbox window
+slide; table sizes are printed every interval and each retention transaction is timed.
+
+The relay and the consumer run as processes of their own (``outboxkit relay``, ``outboxkit
+consume bench.consumer_app:app``). Their own retention loops find nothing to delete (the
+relay's window is ten times longer, the bench app has none) and the bench runs the same
+functions (``relay.retention.delete_published``, ``consumers.inbox.purge_inbox``) on an
+engine of its own, so each of their transactions is timed alone (BEGIN to COMMIT returning:
+the longest any of them can have held a lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outboxkit.consumers.inbox import DEFAULT_PURGE_CHUNK, purge_inbox
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.relay.retention import delete_published
+from outboxkit.testing.kafka import create_topic
+from outboxkit.testing.processes import start_cli, terminate
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from bench.consumer_app import EVENT_TYPE, bench_effects
+from bench.growth_tables import TableStats, percentile, table_stats, timed_engine
+from bench.latency import wait_for_log
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK_S = 0.1  # the writer commits one transaction of rate * TICK_S events per tick
+CONSUMER = "bench"  # bench.consumer_app's name
+
+
+@dataclass
+class Sample:
+    """The tables at one moment of the run."""
+
+    at_s: float
+    written: int
+    consumed: int
+    outbox: TableStats
+    inbox: TableStats
+    load: tuple[float, float, float]
+
+
+@dataclass
+class InflowResult:
+    """What the run measured."""
+
+    seconds: float
+    written: int
+    consumed: int
+    window_s: float
+    samples: list[Sample] = field(default_factory=list)
+    outbox_purge_ms: list[float] = field(default_factory=list)
+    inbox_purge_ms: list[float] = field(default_factory=list)
+    outbox_lock_ms: list[float] = field(default_factory=list)
+    inbox_lock_ms: list[float] = field(default_factory=list)
+    outbox_purged: int = 0
+    inbox_purged: int = 0
+
+    @property
+    def write_rate(self) -> float:
+        """Events written per second."""
+        return self.written / self.seconds
+
+    @property
+    def consume_rate(self) -> float:
+        """Events applied per second."""
+        return self.consumed / self.seconds
+
+
+async def _write(
+    url: str, topic: str, rate: float, written: list[int], stop: asyncio.Event
+) -> None:
+    """Commit ``rate * TICK_S`` outbox rows every tick until ``stop``, counting in ``written``."""
+    engine = make_async_engine(url)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    outbox = Outbox(default_topic=topic)
+    per_tick = max(1, round(rate * TICK_S))
+    filler = "x" * 400
+    try:
+        next_tick = time.monotonic()
+        while not stop.is_set():
+            events = [
+                new_event(
+                    EVENT_TYPE,
+                    "/growth",
+                    {"seq": written[0] + n, "fill": filler},
+                    partitionkey=f"k{n % 100}",
+                )
+                for n in range(per_tick)
+            ]
+            async with sessions() as session, session.begin():
+                await outbox.add_all_async(session, events)
+            written[0] += per_tick
+            next_tick += TICK_S
+            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+    finally:
+        await engine.dispose()
+
+
+async def _retain(
+    url: str, window_s: float, interval_s: float, result: InflowResult, stop: asyncio.Event
+) -> None:
+    """Every ``interval_s``: purge published outbox rows and inbox claims older than the
+    window, each transaction timed."""
+    engine, timer = timed_engine(url)
+    try:
+        while not stop.is_set():
+            result.outbox_purged += await delete_published(engine, int(window_s * 1000), 5000)
+            transactions, locks = timer.take()
+            result.outbox_purge_ms += transactions
+            result.outbox_lock_ms += locks
+            result.inbox_purged += await purge_inbox(
+                engine, consumer=CONSUMER, older_than_s=window_s, chunk_size=DEFAULT_PURGE_CHUNK
+            )
+            transactions, locks = timer.take()
+            result.inbox_purge_ms += transactions
+            result.inbox_lock_ms += locks
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+    finally:
+        await engine.dispose()
+
+
+async def _applied(url: str) -> int:
+    """Effect rows written by the consumer (its ids count them: no ``count(*)`` scan)."""
+    engine = make_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return int(
+                await connection.scalar(select(func.coalesce(func.max(bench_effects.c.id), 0)))
+            )
+    finally:
+        await engine.dispose()
+
+
+def _processes(url: str, bootstrap: str, topic: str, window_s: float, logs: Path) -> list[Any]:
+    """A relay process (poll mode, LISTEN/NOTIFY) and a consumer process (inbox + batch
+    handler), as deployed; their own retention finds nothing (the bench's runs first)."""
+    relay = start_cli(
+        ["relay", "--db-url", url, "--bootstrap", bootstrap, "--batch-size", "1000",
+         "--poll-interval", "1s", "--retention", f"{int(window_s * 10)}s"],
+        logs / "relay.log",
+    )  # fmt: skip
+    consumer = start_cli(
+        ["consume", "bench.consumer_app:app", "--db-url", url, "--bootstrap", bootstrap,
+         "--group", f"growth-{topic}"],
+        logs / "consumer.log",
+        env={"OUTBOXKIT_BENCH_TOPIC": topic, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    return [relay, consumer]
+
+
+async def inflow(
+    url: str,
+    bootstrap: str,
+    *,
+    rate: float,
+    seconds: float,
+    window_s: float,
+    sample_s: float,
+    retention_every_s: float,
+) -> InflowResult:
+    """Write at ``rate`` for ``seconds`` (relay and consumer in processes of their own) with a
+    ``window_s`` retention; sample the tables every ``sample_s``."""
+    topic = f"growth-inflow-{uuid.uuid4().hex[:6]}"
+    await create_topic(bootstrap, topic, 3)
+    logs = Path(tempfile.mkdtemp(prefix="growth-inflow-"))
+    children = _processes(url, bootstrap, topic, window_s, logs)
+    result = InflowResult(seconds=seconds, written=0, consumed=0, window_s=window_s)
+    stop = asyncio.Event()
+    written = [0]
+    try:
+        await wait_for_log(logs / "consumer.log", "partitions assigned", 120)
+        writer = asyncio.create_task(_write(url, topic, rate, written, stop))
+        retention = asyncio.create_task(_retain(url, window_s, retention_every_s, result, stop))
+        began = time.monotonic()
+        try:
+            while time.monotonic() - began < seconds:
+                await asyncio.sleep(min(sample_s, max(0.0, seconds - (time.monotonic() - began))))
+                for task in (writer, retention):
+                    if task.done():
+                        task.result()
+                        raise RuntimeError("a part of the inflow run stopped on its own")
+                for child in children:
+                    if child.poll() is not None:
+                        raise RuntimeError(f"a bench process exited; see {logs}")
+                sample = Sample(
+                    at_s=round(time.monotonic() - began),
+                    written=written[0],
+                    consumed=await _applied(url),
+                    outbox=await table_stats(url, "outbox_events"),
+                    inbox=await table_stats(url, "inbox_events"),
+                    load=os.getloadavg(),
+                )
+                result.samples.append(sample)
+                longest = max(result.outbox_purge_ms + result.inbox_purge_ms, default=0.0)
+                print(
+                    f"  {sample.at_s:5.0f} s  written {sample.written:>9,}  applied "
+                    f"{sample.consumed:>9,}  outbox {sample.outbox.rows:>9,} rows "
+                    f"{sample.outbox.total_bytes / 2**20:7.1f} MiB  inbox {sample.inbox.rows:>9,} "
+                    f"rows {sample.inbox.total_bytes / 2**20:7.1f} MiB  longest purge tx "
+                    f"{longest:6.1f} ms  load {sample.load[0]:.1f}",
+                    flush=True,
+                )
+        finally:
+            stop.set()
+            await writer
+            await retention
+        result.seconds = time.monotonic() - began
+        result.written = written[0]
+        result.consumed = await _applied(url)
+    finally:
+        for child in children:
+            terminate(child)
+    return result
+
+
+def summary(result: InflowResult) -> dict[str, float]:
+    """The figures of a run, for the report."""
+    purges = result.outbox_purge_ms + result.inbox_purge_ms
+    return {
+        "write_per_s": result.write_rate,
+        "consume_per_s": result.consume_rate,
+        "outbox_purge_longest_ms": max(result.outbox_purge_ms, default=0.0),
+        "inbox_purge_longest_ms": max(result.inbox_purge_ms, default=0.0),
+        "purge_p99_ms": percentile(purges, 99),
+        "purge_p50_ms": percentile(purges, 50),
+        "outbox_lock_longest_ms": max(result.outbox_lock_ms, default=0.0),
+        "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
+        "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
+        "purge_transactions": float(len(purges)),
+        "outbox_purged": float(result.outbox_purged),
+        "inbox_purged": float(result.inbox_purged),
+    }

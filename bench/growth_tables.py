@@ -1,0 +1,291 @@
+"""Set-up and inspection for bench.growth: big tables filled with COPY, their sizes and bloat
+(``pgstattuple``), and the duration of every transaction a retention engine runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from outboxkit.outbox.db import make_async_engine
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+COPY_CHUNK = 100_000
+# Realistic inbox keys: a few consumers, a few dozen producing services, UUIDv7 event ids.
+CONSUMERS = ("billing", "shipping", "ledger", "notify")
+SOURCES = tuple(f"//orders.example.com/svc-{n}" for n in range(24))
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def asyncpg_dsn(url: str) -> str:
+    """``url`` (any SQLAlchemy PostgreSQL URL) as a DSN asyncpg accepts."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def uuid7_at(ms: int) -> str:
+    """A UUIDv7 string whose embedded time is ``ms`` (epoch milliseconds)."""
+    rand = int.from_bytes(os.urandom(10), "big")
+    a = (rand >> 62) & 0xFFF
+    b = (rand & ((1 << 62) - 1)) | (1 << 63)  # variant 10
+    value = (ms << 80) | (0x7 << 76) | (a << 64) | b
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def inbox_rows(count: int, first_ms: int, last_ms: int) -> Iterator[list[tuple[Any, ...]]]:
+    """``count`` inbox rows in chunks, ``processed_ms`` rising evenly from ``first_ms`` to
+    ``last_ms``, each event id a UUIDv7 of (about) that time, keys spread over
+    :data:`CONSUMERS` x :data:`SOURCES`."""
+    step = (last_ms - first_ms) / max(1, count)
+    pick = random.Random(27)
+    for start in range(0, count, COPY_CHUNK):
+        chunk = []
+        for n in range(start, min(count, start + COPY_CHUNK)):
+            ms = first_ms + int(n * step)
+            chunk.append(
+                (
+                    pick.choice(CONSUMERS),
+                    pick.choice(SOURCES),
+                    uuid7_at(ms - pick.randrange(50)),
+                    ms,
+                )
+            )
+        yield chunk
+
+
+async def copy_inbox(url: str, count: int, first_ms: int, last_ms: int) -> float:
+    """COPY ``count`` inbox rows into ``inbox_events``; seconds it took."""
+    began = time.monotonic()
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        columns = ["consumer", "source", "event_id", "processed_ms"]
+        for chunk in inbox_rows(count, first_ms, last_ms):
+            await connection.copy_records_to_table("inbox_events", records=chunk, columns=columns)
+    finally:
+        await connection.close()
+    return time.monotonic() - began
+
+
+OUTBOX_COLUMNS = [
+    "source",
+    "event_id",
+    "type",
+    "topic",
+    "kafka_key",
+    "shard",
+    "headers",
+    "payload",
+    "created_ms",
+    "available_ms",
+    "attempts",
+    "last_error",
+    "published_ms",
+    "parked_ms",
+    "deliver_at_ms",
+]
+
+
+async def copy_outbox(
+    url: str,
+    count: int,
+    first_ms: int,
+    last_ms: int,
+    *,
+    state: str,
+    payload_bytes: int,
+    shards: int = 64,
+) -> float:
+    """COPY ``count`` outbox rows of ``state`` (``published``, ``parked`` or ``scheduled``)
+    created from ``first_ms`` to ``last_ms``; seconds it took."""
+    began = time.monotonic()
+    payload = b'{"fill":"' + b"x" * max(0, payload_bytes - 11) + b'"}'
+    headers = '{"ce_specversion":"1.0","ce_type":"order.placed","content-type":"application/json"}'
+    step = (last_ms - first_ms) / max(1, count)
+    tag = os.urandom(3).hex()  # fills of the same database do not collide on (source, id)
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        for start in range(0, count, COPY_CHUNK):
+            chunk = []
+            for n in range(start, min(count, start + COPY_CHUNK)):
+                ms = first_ms + int(n * step)
+                published = ms + 5 if state == "published" else None
+                parked = ms + 5 if state == "parked" else None
+                due = last_ms + 86_400_000 + n if state == "scheduled" else None
+                error = "broker refused: message too large" if state == "parked" else None
+                chunk.append(
+                    (
+                        SOURCES[n % len(SOURCES)],
+                        f"{tag}-{uuid7_at(ms)}",
+                        "order.placed",
+                        "orders",
+                        f"k{n % 1000}".encode(),
+                        n % shards,
+                        headers,
+                        payload,
+                        ms,
+                        ms,
+                        1 if published else 0,
+                        error,
+                        published,
+                        parked,
+                        due,
+                    )
+                )
+            await connection.copy_records_to_table(
+                "outbox_events", records=chunk, columns=OUTBOX_COLUMNS
+            )
+    finally:
+        await connection.close()
+    return time.monotonic() - began
+
+
+async def vacuum_analyze(url: str, table: str) -> float:
+    """``VACUUM (ANALYZE)`` ``table`` as autovacuum eventually would (set-up); seconds."""
+    began = time.monotonic()
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await connection.execute(f"VACUUM (ANALYZE) {table}")
+    finally:
+        await connection.close()
+    return time.monotonic() - began
+
+
+@dataclass
+class TableStats:
+    """Size and bloat of one table, as ``pgstattuple`` and the statistics views see it."""
+
+    table: str
+    rows: int
+    heap_bytes: int
+    index_bytes: int
+    dead_tuples: int
+    dead_percent: float
+    free_percent: float
+    pkey_leaf_density: float
+
+    @property
+    def total_bytes(self) -> int:
+        """Heap plus indexes (and TOAST)."""
+        return self.heap_bytes + self.index_bytes
+
+    def bytes_per_row(self) -> float:
+        """Total bytes per live row (0 for an empty table)."""
+        return self.total_bytes / self.rows if self.rows else 0.0
+
+
+async def table_stats(url: str, table: str) -> TableStats:
+    """Live rows, heap and index bytes, dead tuples and free space (``pgstattuple_approx``),
+    and the primary key's leaf density (``pgstatindex``: below ~90 % is bloat)."""
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await connection.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        approx = await connection.fetchrow("SELECT * FROM pgstattuple_approx($1::regclass)", table)
+        sizes = await connection.fetchrow(
+            "SELECT pg_table_size($1::regclass) AS heap, pg_indexes_size($1::regclass) AS idx",
+            table,
+        )
+        pkey = await connection.fetchval(
+            "SELECT indexrelid::regclass::text FROM pg_index "
+            "WHERE indrelid = $1::regclass AND indisprimary",
+            table,
+        )
+        density = await connection.fetchval(
+            "SELECT avg_leaf_density FROM pgstatindex($1::regclass)", pkey
+        )
+    finally:
+        await connection.close()
+    return TableStats(
+        table=table,
+        rows=int(approx["approx_tuple_count"]),
+        heap_bytes=int(sizes["heap"]),
+        index_bytes=int(sizes["idx"]),
+        dead_tuples=int(approx["dead_tuple_count"]),
+        dead_percent=float(approx["dead_tuple_percent"]),
+        free_percent=float(approx["approx_free_percent"]),
+        pkey_leaf_density=float(density or 0.0),
+    )
+
+
+def _takes_row_locks(statement: str) -> bool:
+    """True for a statement that locks rows until the transaction ends."""
+    head = statement.lstrip()[:6].upper()
+    return head in ("DELETE", "UPDATE", "INSERT") or "FOR UPDATE" in statement.upper()
+
+
+@dataclass
+class TransactionTimer:
+    """Wall time of every transaction of an engine, from BEGIN to COMMIT/ROLLBACK returning,
+    and how long it held row locks: from its first DELETE/UPDATE/INSERT or ``FOR UPDATE`` to
+    the end (table-level locks of a plain SELECT block only DDL and are not counted)."""
+
+    durations_ms: list[float] = field(default_factory=list)
+    locks_ms: list[float] = field(default_factory=list)
+    _began: dict[int, float] = field(default_factory=dict)
+    _locked: dict[int, float] = field(default_factory=dict)
+
+    def attach(self, engine: AsyncEngine) -> AsyncEngine:
+        """Time ``engine``'s transactions from now on; return it."""
+
+        def begin(connection: Any) -> None:
+            self._began[id(connection)] = time.perf_counter()
+
+        def execute(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if id(connection) in self._began and _takes_row_locks(statement):
+                self._locked.setdefault(id(connection), time.perf_counter())
+
+        def end(connection: Any) -> None:
+            now = time.perf_counter()
+            began = self._began.pop(id(connection), None)
+            if began is not None:
+                self.durations_ms.append((now - began) * 1000)
+            locked = self._locked.pop(id(connection), None)
+            if locked is not None:
+                self.locks_ms.append((now - locked) * 1000)
+
+        event.listen(engine.sync_engine, "begin", begin)
+        event.listen(engine.sync_engine, "before_cursor_execute", execute)
+        event.listen(engine.sync_engine, "commit", end)
+        event.listen(engine.sync_engine, "rollback", end)
+        return engine
+
+    @property
+    def longest_ms(self) -> float:
+        """The longest transaction so far (0 if none)."""
+        return max(self.durations_ms, default=0.0)
+
+    @property
+    def longest_lock_ms(self) -> float:
+        """The longest row-lock hold so far (0 if none)."""
+        return max(self.locks_ms, default=0.0)
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """The transaction and lock durations recorded so far; the timer starts afresh."""
+        taken = (self.durations_ms, self.locks_ms)
+        self.durations_ms, self.locks_ms = [], []
+        return taken
+
+
+def timed_engine(url: str) -> tuple[AsyncEngine, TransactionTimer]:
+    """An engine for retention work whose transactions are timed."""
+    timer = TransactionTimer()
+    return timer.attach(make_async_engine(url)), timer
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of ``values`` (0 if empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def run(coroutine: Any) -> Any:
+    """``asyncio.run`` (short name for the many set-up steps)."""
+    return asyncio.run(coroutine)
