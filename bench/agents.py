@@ -27,7 +27,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from bench.common import postgres_database, report
+from bench.common import percentile, postgres_database, report
 
 ROUNDS = 10
 
@@ -128,8 +128,8 @@ class Timed:
 
 
 def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+    """The ``q`` quantile (0-1) of ``values`` in seconds, in milliseconds."""
+    return percentile(values, q * 100) * 1000
 
 
 async def commit_floor(engine: Any, count: int) -> tuple[float, float, float]:

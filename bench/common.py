@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,14 @@ RESULTS = Path(__file__).parent / "results"
 
 
 kafka = broker_from_env  # OUTBOXKIT_KAFKA_BOOTSTRAP if set, else a fresh local broker
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values`` by nearest rank (0 if empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 @contextmanager

@@ -39,7 +39,7 @@ from outboxkit.relay.retention import delete_published
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from bench import growth_stores as stores
-from bench.common import kafka, postgres_database, report
+from bench.common import kafka, percentile, postgres_database, report
 from bench.consumer_app import create_effects_table
 from bench.growth_inflow import inflow, summary
 from bench.growth_paths import Timing, inbox_path, paired, relay_path
@@ -48,7 +48,6 @@ from bench.growth_tables import (
     TableStats,
     copy_inbox,
     copy_outbox,
-    percentile,
     table_stats,
     timed_engine,
     vacuum_analyze,

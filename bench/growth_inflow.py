@@ -31,8 +31,9 @@ from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
+from bench.common import percentile
 from bench.consumer_app import EVENT_TYPE, bench_effects
-from bench.growth_tables import TableStats, percentile, table_stats, timed_engine
+from bench.growth_tables import TableStats, table_stats, timed_engine
 from bench.latency import wait_for_log
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,9 +27,9 @@ from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from bench.common import bulk_fill, sample_events
+from bench.common import bulk_fill, percentile, sample_events
 from bench.consumer_app import EVENT_TYPE, make_app
-from bench.growth_tables import CONSUMERS, SOURCES, percentile, uuid7_at
+from bench.growth_tables import CONSUMERS, SOURCES, uuid7_at
 from tests.support.consumers import binary_record
 
 INBOX_TOPIC = "growth-orders"

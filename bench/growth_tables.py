@@ -278,14 +278,6 @@ def timed_engine(url: str) -> tuple[AsyncEngine, TransactionTimer]:
     return timer.attach(make_async_engine(url)), timer
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values`` (0 if empty)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
-
-
 def run(coroutine: Any) -> Any:
     """``asyncio.run`` (short name for the many set-up steps)."""
     return asyncio.run(coroutine)

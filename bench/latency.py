@@ -36,7 +36,7 @@ from outboxkit.testing.processes import start_cli
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bench.common import kafka, postgres_database, report
+from bench.common import kafka, percentile, postgres_database, report
 from bench.consumer_app import EVENT_TYPE, bench_effects, create_effects_table
 
 WRITERS = 8
@@ -210,12 +210,6 @@ async def measure(
             process.terminate()
         for process in processes:
             process.wait(30)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def main() -> None:
