@@ -50,9 +50,10 @@ async def queue_page(request: Request) -> Response:
             after=keyset_of(query, "approvals_after"),
         )
     with_args = request.state.principal.may_act
-    more = {"tenant": tenant} if tenant else {}
+    next_approvals: dict[str, str] | None = None
     if len(waiting) == size:
-        more["approvals_after"] = waiting[-1].keyset
+        next_approvals = {"tenant": tenant} if tenant else {}
+        next_approvals["approvals_after"] = waiting[-1].keyset
     return console.render(
         request,
         "actions.html",
@@ -61,7 +62,7 @@ async def queue_page(request: Request) -> Response:
         tenant=tenant,
         approvals=[approval.shown(with_args=with_args) for approval in waiting],
         with_args=with_args,
-        next_approvals=more if len(waiting) == size else None,
+        next_approvals=next_approvals,
     )
 
 

@@ -8,6 +8,7 @@ clock. JSON values are stored as text.
 from __future__ import annotations
 
 from outboxkit.outbox.tables import metadata
+from outboxkit.workflows.records import Status
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -70,8 +71,8 @@ Index("ix_workflow_instances_updated", workflow_instances.c.updated_ms, workflow
 
 # Literal constants, not parameters: a generic plan of a prepared statement still matches the
 # index's expression and predicate.
-_RUNNABLE: ColumnClause[str] = literal_column("'runnable'", String)
-_WAITING: ColumnClause[str] = literal_column("'waiting'", String)
+_RUNNABLE: ColumnClause[str] = literal_column(f"'{Status.RUNNABLE.value}'", String)
+_WAITING: ColumnClause[str] = literal_column(f"'{Status.WAITING.value}'", String)
 DUE_MS = case(
     (workflow_instances.c.status == _RUNNABLE, workflow_instances.c.run_at_ms),
     (workflow_instances.c.status == _WAITING, workflow_instances.c.wait_deadline_ms),
