@@ -304,6 +304,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
     results["inflow"] = figures | {
         "target_rate": args.inflow_rate,
         "window_s": args.inflow_window,
+        "longest_holds": result.longest_holds,
         "samples": [
             {
                 "at_s": s.at_s,
@@ -329,6 +330,8 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"{figures['outbox_lock_longest_ms']:.0f} ms, inbox {figures['inbox_lock_longest_ms']:.0f}"
         f" ms (target <= {LOCK_TARGET_MS:.0f} ms)"
     )
+    for held_ms, statement in result.longest_holds:
+        print(f"  lock held {held_ms:6.0f} ms from: {statement}")
 
 
 def _sizes(text: str) -> list[int]:

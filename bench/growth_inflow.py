@@ -5,8 +5,9 @@ slide; table sizes are printed every interval and each retention transaction is 
 The relay and the consumer run as processes of their own (``outboxkit relay``, ``outboxkit
 consume bench.consumer_app:app``). Their own retention loops find nothing to delete (the
 relay's window is ten times longer, the bench app has none) and the bench runs the same
-functions (``relay.retention.delete_published``, ``consumers.inbox.purge_inbox``) on an
-engine of its own, so each of their transactions is timed alone (BEGIN to COMMIT returning:
+functions (``relay.retention.delete_published``, ``consumers.inbox.purge_inbox`` with the
+partitions attached ahead, as a consumer's retention pass does) on an engine of its own, so
+each of their transactions is timed alone (BEGIN to COMMIT returning:
 the longest any of them can have held a lock).
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outboxkit.consumers.inbox import DEFAULT_PURGE_CHUNK, purge_inbox
+from outboxkit.consumers.inbox import DEFAULT_PURGE_CHUNK, partitions_ahead_s, purge_inbox
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.relay.retention import delete_published
@@ -68,6 +69,9 @@ class InflowResult:
     inbox_lock_ms: list[float] = field(default_factory=list)
     outbox_purged: int = 0
     inbox_purged: int = 0
+    longest_holds: list[tuple[float, str]] = field(default_factory=list)
+    """The five longest lock holds of retention (outbox and inbox), each with the statement
+    it began with."""
 
     @property
     def write_rate(self) -> float:
@@ -123,7 +127,11 @@ async def _retain(
             result.outbox_purge_ms += transactions
             result.outbox_lock_ms += locks
             result.inbox_purged += await purge_inbox(
-                engine, consumer=CONSUMER, older_than_s=window_s, chunk_size=DEFAULT_PURGE_CHUNK
+                engine,
+                consumer=CONSUMER,
+                older_than_s=window_s,
+                chunk_size=DEFAULT_PURGE_CHUNK,
+                ahead_s=partitions_ahead_s(window_s, interval_s),
             )
             transactions, locks = timer.take()
             result.inbox_purge_ms += transactions
@@ -131,6 +139,7 @@ async def _retain(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
     finally:
+        result.longest_holds = timer.longest_holds(5)
         await engine.dispose()
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from outboxkit.consumers.inbox_partitions import DAY_MS
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.partitions import attach_range, range_partitions
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -53,19 +56,50 @@ def inbox_rows(count: int, first_ms: int, last_ms: int) -> Iterator[list[tuple[A
                 (
                     pick.choice(CONSUMERS),
                     pick.choice(SOURCES),
-                    uuid7_at(ms - pick.randrange(50)),
+                    uuid7_at(id_ms := ms - pick.randrange(50)),
                     ms,
+                    id_ms,
                 )
             )
         yield chunk
 
 
+async def attach_days(url: str, first_ms: int, last_ms: int) -> int:
+    """The inbox's daily partitions from ``first_ms``'s day to ``last_ms``'s, those missing (a
+    consumer's retention would have attached them as the days came); how many were attached."""
+    engine = make_async_engine(url)
+    attached = 0
+    try:
+        async with engine.connect() as connection:
+            there = {p.lower for p in await range_partitions(connection, "inbox_events")}
+            await connection.commit()
+            for day in range(first_ms // DAY_MS * DAY_MS, last_ms + 1, DAY_MS):
+                if day in there:
+                    continue
+                await attach_range(
+                    connection,
+                    "inbox_events",
+                    f"inbox_events_p{day}",
+                    key="id_ms",
+                    lower=day,
+                    upper=day + DAY_MS,
+                    default="inbox_events_default",
+                    lock_timeout_ms=60_000,
+                )
+                attached += 1
+    finally:
+        await engine.dispose()
+    return attached
+
+
 async def copy_inbox(url: str, count: int, first_ms: int, last_ms: int) -> float:
-    """COPY ``count`` inbox rows into ``inbox_events``; seconds it took."""
+    """COPY ``count`` inbox rows into ``inbox_events`` (into the daily partitions of their ids'
+    times, attached first); seconds it took."""
     began = time.monotonic()
+    await attach_days(url, first_ms, last_ms + DAY_MS)
     connection = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        columns = ["consumer", "source", "event_id", "processed_ms"]
+        columns = ["consumer", "source", "event_id", "processed_ms", "id_ms"]
         for chunk in inbox_rows(count, first_ms, last_ms):
             await connection.copy_records_to_table("inbox_events", records=chunk, columns=columns)
     finally:
@@ -182,25 +216,53 @@ class TableStats:
 
 async def table_stats(url: str, table: str) -> TableStats:
     """Live rows, heap and index bytes, dead tuples and free space (``pgstattuple_approx``),
-    and the primary key's leaf density (``pgstatindex``: below ~90 % is bloat)."""
+    and the primary key's leaf density (``pgstatindex``: below ~90 % is bloat). A partitioned
+    table: the sums over its partitions (percentages and density weighted by their sizes)."""
     connection = await asyncpg.connect(asyncpg_dsn(url))
     try:
         await connection.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
-        approx = await connection.fetchrow("SELECT * FROM pgstattuple_approx($1::regclass)", table)
-        sizes = await connection.fetchrow(
-            "SELECT pg_table_size($1::regclass) AS heap, pg_indexes_size($1::regclass) AS idx",
+        leaves = await connection.fetch(
+            "SELECT relid::regclass::text AS name FROM pg_partition_tree($1::regclass) "
+            "WHERE isleaf",
             table,
         )
-        pkey = await connection.fetchval(
-            "SELECT indexrelid::regclass::text FROM pg_index "
-            "WHERE indrelid = $1::regclass AND indisprimary",
-            table,
-        )
+        parts = [await _leaf_stats(connection, row["name"]) for row in leaves] or [
+            await _leaf_stats(connection, table)
+        ]
+    finally:
+        await connection.close()
+    heap = sum(p.heap_bytes for p in parts)
+    weight = max(1, heap)
+    return TableStats(
+        table=table,
+        rows=sum(p.rows for p in parts),
+        heap_bytes=heap,
+        index_bytes=sum(p.index_bytes for p in parts),
+        dead_tuples=sum(p.dead_tuples for p in parts),
+        dead_percent=sum(p.dead_percent * p.heap_bytes for p in parts) / weight,
+        free_percent=sum(p.free_percent * p.heap_bytes for p in parts) / weight,
+        pkey_leaf_density=sum(p.pkey_leaf_density * p.index_bytes for p in parts)
+        / max(1, sum(p.index_bytes for p in parts)),
+    )
+
+
+async def _leaf_stats(connection: asyncpg.Connection, table: str) -> TableStats:
+    """:func:`table_stats` of one plain table."""
+    approx = await connection.fetchrow("SELECT * FROM pgstattuple_approx($1::regclass)", table)
+    sizes = await connection.fetchrow(
+        "SELECT pg_table_size($1::regclass) AS heap, pg_indexes_size($1::regclass) AS idx",
+        table,
+    )
+    pkey = await connection.fetchval(
+        "SELECT indexrelid::regclass::text FROM pg_index "
+        "WHERE indrelid = $1::regclass AND indisprimary",
+        table,
+    )
+    density = None
+    if pkey is not None:
         density = await connection.fetchval(
             "SELECT avg_leaf_density FROM pgstatindex($1::regclass)", pkey
         )
-    finally:
-        await connection.close()
     return TableStats(
         table=table,
         rows=int(approx["approx_tuple_count"]),
@@ -213,22 +275,28 @@ async def table_stats(url: str, table: str) -> TableStats:
     )
 
 
+_LOCKING = re.compile(r"\b(DELETE|UPDATE|INSERT|LOCK|ALTER|DROP)\b", re.IGNORECASE)
+
+
 def _takes_row_locks(statement: str) -> bool:
-    """True for a statement that locks rows until the transaction ends."""
-    head = statement.lstrip()[:6].upper()
-    return head in ("DELETE", "UPDATE", "INSERT") or "FOR UPDATE" in statement.upper()
+    """True for a statement that takes locks writers can wait for until the transaction ends:
+    it writes rows (a CTE's ``DELETE`` too), locks them (``FOR UPDATE``) or a table (``LOCK``,
+    ``ALTER TABLE ... ATTACH/DETACH``, ``DROP``)."""
+    return _LOCKING.search(statement) is not None
 
 
 @dataclass
 class TransactionTimer:
     """Wall time of every transaction of an engine, from BEGIN to COMMIT/ROLLBACK returning,
-    and how long it held row locks: from its first DELETE/UPDATE/INSERT or ``FOR UPDATE`` to
-    the end (table-level locks of a plain SELECT block only DDL and are not counted)."""
+    and how long it held locks: from its first statement that writes or locks (rows or a
+    table) to the end (the share locks of a plain SELECT block only DDL and are not counted)."""
 
     durations_ms: list[float] = field(default_factory=list)
     locks_ms: list[float] = field(default_factory=list)
+    lock_statements: list[str] = field(default_factory=list)
+    """The statement each lock hold of ``locks_ms`` began with (its first 60 characters)."""
     _began: dict[int, float] = field(default_factory=dict)
-    _locked: dict[int, float] = field(default_factory=dict)
+    _locked: dict[int, tuple[float, str]] = field(default_factory=dict)
 
     def attach(self, engine: AsyncEngine) -> AsyncEngine:
         """Time ``engine``'s transactions from now on; return it."""
@@ -238,7 +306,8 @@ class TransactionTimer:
 
         def execute(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
             if id(connection) in self._began and _takes_row_locks(statement):
-                self._locked.setdefault(id(connection), time.perf_counter())
+                head = " ".join(statement.split())[:60]
+                self._locked.setdefault(id(connection), (time.perf_counter(), head))
 
         def end(connection: Any) -> None:
             now = time.perf_counter()
@@ -247,7 +316,8 @@ class TransactionTimer:
                 self.durations_ms.append((now - began) * 1000)
             locked = self._locked.pop(id(connection), None)
             if locked is not None:
-                self.locks_ms.append((now - locked) * 1000)
+                self.locks_ms.append((now - locked[0]) * 1000)
+                self.lock_statements.append(locked[1])
 
         event.listen(engine.sync_engine, "begin", begin)
         event.listen(engine.sync_engine, "before_cursor_execute", execute)
@@ -266,10 +336,20 @@ class TransactionTimer:
         return max(self.locks_ms, default=0.0)
 
     def take(self) -> tuple[list[float], list[float]]:
-        """The transaction and lock durations recorded so far; the timer starts afresh."""
+        """The transaction and lock durations recorded so far; the timer starts afresh (the
+        statements of the lock holds are kept, in :attr:`lock_statements`, with
+        :attr:`all_locks_ms`)."""
         taken = (self.durations_ms, self.locks_ms)
+        self.all_locks_ms += self.locks_ms
         self.durations_ms, self.locks_ms = [], []
         return taken
+
+    all_locks_ms: list[float] = field(default_factory=list)
+
+    def longest_holds(self, count: int) -> list[tuple[float, str]]:
+        """The ``count`` longest lock holds so far, with the statement each began with."""
+        holds = zip(self.all_locks_ms + self.locks_ms, self.lock_statements, strict=True)
+        return sorted(holds, reverse=True)[:count]
 
 
 def timed_engine(url: str) -> tuple[AsyncEngine, TransactionTimer]:

@@ -7,7 +7,7 @@ migration ``0002_inbox``.
 from __future__ import annotations
 
 from outboxkit.outbox.tables import metadata
-from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Table
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, MetaData, String, Table
 
 CONSUMER_MAX = 200
 SOURCE_MAX = 512
@@ -20,10 +20,35 @@ inbox_events = Table(
     Column("source", String(SOURCE_MAX), primary_key=True),
     Column("event_id", String(EVENT_ID_MAX), primary_key=True),
     Column("processed_ms", BigInteger, nullable=False),
+    # The time in the event id (outboxkit.outbox.id_time; 0: none). On PostgreSQL the table is
+    # range-partitioned by it and it is the last column of the primary key (a pure function of
+    # event_id, so the key stays unique per event); on SQLite it is stored, not keyed.
+    Column("id_ms", BigInteger, nullable=False, server_default="0"),
 )
 
-# Retention deletes the oldest rows first.
+# Retention deletes the oldest rows first; partition drops read a partition's newest claim.
 Index("ix_inbox_events_processed_ms", inbox_events.c.processed_ms)
+
+# PostgreSQL: the inbox as it was before partitions (migration 0016_inbox_partitions renamed it).
+# No claim goes in; claims look here too until retention has emptied it (docs/operations.md).
+inbox_events_unpartitioned = Table(
+    "inbox_events_unpartitioned",
+    MetaData(),  # not outboxkit's metadata: it exists on PostgreSQL only, made by a rename
+    Column("consumer", String(CONSUMER_MAX), primary_key=True),
+    Column("source", String(SOURCE_MAX), primary_key=True),
+    Column("event_id", String(EVENT_ID_MAX), primary_key=True),
+    Column("processed_ms", BigInteger, nullable=False),
+)
+
+# Each consumer's inbox window, as its retention last ran: a partition is dropped only when
+# every claim in it is older than its own consumer's window.
+inbox_windows = Table(
+    "inbox_windows",
+    metadata,
+    Column("consumer", String(CONSUMER_MAX), primary_key=True),
+    Column("window_ms", BigInteger, nullable=False),
+    Column("seen_ms", BigInteger, nullable=False),
+)
 
 # Dead letters that keep the order (``on_dead_letter="sequence"``): a key whose head record was
 # dead-lettered is *blocked* for the consumer; its later records are *held* until the head is

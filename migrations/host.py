@@ -24,6 +24,8 @@ TABLES: frozenset[str] = frozenset(
         "dlq_replays",
         "http_idempotency_keys",
         "inbox_events",
+        "inbox_events_unpartitioned",
+        "inbox_windows",
         "outbox_events",
         "outbox_relays",
         "outbox_shard_leases",
@@ -34,6 +36,14 @@ TABLES: frozenset[str] = frozenset(
     }
 )
 """Every table outboxkit's migrations create, its version table included."""
+
+PARTITION_PREFIX = "inbox_events_"
+"""The inbox's partitions on PostgreSQL (``inbox_events_p<ms>``, ``_default``, ``_untimed``):
+tables outboxkit's consumers create and drop as time goes by."""
+
+
+def _ours(name: str | None) -> bool:
+    return name is not None and (name in TABLES or name.startswith(PARTITION_PREFIX))
 
 
 def include_object(
@@ -46,6 +56,6 @@ def include_object(
     """Alembic's ``include_object`` hook: ``False`` for outboxkit's tables and everything on
     them (columns, indexes, constraints), ``True`` for the rest."""
     if type_ == "table":
-        return name not in TABLES
+        return not _ours(name)
     table = getattr(object, "table", None)
-    return getattr(table, "name", None) not in TABLES
+    return not _ours(getattr(table, "name", None))

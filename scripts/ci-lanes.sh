@@ -3,8 +3,8 @@
 #   lowest  the lowest versions pyproject.toml allows (uv --resolution lowest-direct): the fast
 #           lane plus a PostgreSQL consumer smoke test (a batch through the inbox claim);
 #   py3.11, py3.12, py3.13  the fast lane on each declared Python (pyenv's, or python3.X on PATH).
-# Each lane's time is printed at the end. Runs after scripts/test.sh, which made .venv (with uv)
-# and started PostgreSQL. `bash scripts/ci-lanes.sh lowest py3.13` runs only those lanes.
+# The lanes run side by side; each lane's log and time are printed when all have ended.
+# Runs after scripts/test.sh, which made .venv (with uv) and started PostgreSQL. `bash scripts/ci-lanes.sh lowest py3.13` runs only those lanes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STOCK_PYTHON=$(command -v python3) # the lowest lane's interpreter: the one on PATH, not .venv's
@@ -39,10 +39,8 @@ make_lane_venv() { # $1 lane name, $2 python, $3... uv pip install options
   echo "$dir/bin/python"
 }
 
-SUMMARY=()
-for lane in "${LANES[@]}"; do
-  started=$SECONDS
-  echo "== lane $lane"
+run_lane() { # $1 lane: makes its virtualenv, then runs its tests
+  local lane="$1" lane_py
   case "$lane" in
     lowest)
       lane_py=$(make_lane_venv lowest "$STOCK_PYTHON" --resolution lowest-direct)
@@ -55,8 +53,27 @@ for lane in "${LANES[@]}"; do
       "$lane_py" -V
       "$lane_py" -m pytest "${FAST[@]}"
       ;;
-    *) echo "ci-lanes: unknown lane $lane" >&2; exit 2 ;;
+    *) echo "ci-lanes: unknown lane $lane" >&2; return 2 ;;
   esac
-  SUMMARY+=("$lane: $((SECONDS - started)) s")
+}
+
+# The lanes run side by side (each test makes its own files, databases and ports), each into a
+# log of its own, printed whole when all have ended: about the time of the slowest lane on two
+# CPUs instead of the sum of all three.
+mkdir -p build/lanes
+declare -A PIDS STARTED
+for lane in "${LANES[@]}"; do
+  STARTED[$lane]=$SECONDS
+  (set -e; run_lane "$lane") > "build/lanes/$lane.log" 2>&1 &
+  PIDS[$lane]=$!
 done
-echo "== lane times: ${SUMMARY[*]}"
+SUMMARY=()
+FAILED=()
+for lane in "${LANES[@]}"; do
+  if wait "${PIDS[$lane]}"; then status=passed; else status=FAILED; FAILED+=("$lane"); fi
+  echo "== lane $lane ($status)"
+  cat "build/lanes/$lane.log"
+  SUMMARY+=("$lane: $((SECONDS - STARTED[$lane])) s $status")
+done
+echo "== lane times (side by side): ${SUMMARY[*]}"
+[ ${#FAILED[@]} -eq 0 ] || { echo "ci-lanes: failed: ${FAILED[*]}" >&2; exit 1; }

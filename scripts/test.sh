@@ -11,4 +11,5 @@ export OUTBOXKIT_TEST_PG_URL
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 "$PY" scripts/typecheck.py
-"$PY" -m pytest -q -p no:cacheprovider "$@"
+# The 30 slowest tests are listed at the end: where the run's time goes.
+"$PY" -m pytest -q -p no:cacheprovider --durations=30 "$@"

@@ -59,6 +59,10 @@ class Dialect:
 
     file_database: bool
     """The URL's database is a file path (or ``:memory:``)."""
+    time_partitions: bool
+    """Declarative range partitions that attach and detach while writers run: the inbox is
+    partitioned by the time in its event ids and retention drops whole partitions
+    (:mod:`outboxkit.outbox.partitions`, :mod:`outboxkit.consumers.inbox_partitions`)."""
 
     def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
         """Async engine ``connect_args`` that give up a connection attempt after ``timeout_s``."""

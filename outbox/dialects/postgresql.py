@@ -34,6 +34,7 @@ class PostgreSQL(Dialect):
     batch_alter_table = False
     url_tls = True
     file_database = False
+    time_partitions = True
 
     def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
         """asyncpg's connection timeout."""

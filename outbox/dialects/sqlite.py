@@ -18,8 +18,8 @@ class SQLite(Dialect):
     async_module = "aiosqlite"
     sync_module = "sqlite3"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-    # Three parameters per key, and older builds allow 999 per statement.
-    claim_chunk = 300
+    # Four parameters per key (consumer, source, id, the id's time); older builds allow 999.
+    claim_chunk = 240
     listen_notify = False
     logical_replication = False
     array_parameters = False
@@ -29,6 +29,7 @@ class SQLite(Dialect):
     batch_alter_table = True
     url_tls = False
     file_database = True
+    time_partitions = False
 
     def insert(self, table: TableClause) -> sqlite.Insert:
         """SQLite's ``INSERT ... ON CONFLICT``."""

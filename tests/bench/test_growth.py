@@ -27,9 +27,10 @@ def test_growth_bench_runs_every_path_at_a_tiny_size(
     # The inbox holds what was copied plus the claims of the measured chunks (3 warm-up + 2).
     assert rows["inbox", "2,000"]["rows"] >= 2000 + 5 * 50
     assert rows["inbox", "2,000"]["events_per_s"] > 0
-    # Retention removed the older half of the copied claims and left them as dead tuples.
-    assert results["inbox_retention"]["removed"] >= 1000
-    assert rows["inbox", "2,000 after retention"]["dead_tuples"] > 0
+    # Retention dropped the daily partitions that ended before the window (3.5 days of the
+    # week's fill: from 2.5 to 3.5 days of it, by the time of day), leaving no dead tuple.
+    assert 2000 * 2.5 / 7 - 10 <= results["inbox_retention"]["removed"] <= 1000
+    assert rows["inbox", "2,000 after retention"]["dead_tuples"] == 0
     assert results["outbox_retention"]["removed"] >= 1000
     assert rows["relay", "2,000 published"]["rows"] >= 2000
     for kind in ("ledger", "idempotency"):
@@ -39,6 +40,7 @@ def test_growth_bench_runs_every_path_at_a_tiny_size(
     assert inflow["samples"], "no table sizes were sampled"
     last = inflow["samples"][-1]
     assert last["written"] > 0 and last["consumed"] > 0
-    # The 3 s window slid: published rows and claims older than it were purged.
-    assert inflow["outbox_purged"] > 0 and inflow["inbox_purged"] > 0
+    # The 3 s window slid: published rows older than it were purged. (The inbox's claims were
+    # not: its partitions are a minute wide at least, so none ended a window ago in 12 s.)
+    assert inflow["outbox_purged"] > 0
     assert inflow["purge_transactions"] > 0

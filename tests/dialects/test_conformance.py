@@ -1,8 +1,9 @@
 """What every :class:`~outboxkit.outbox.dialects.Dialect` must do, on its own database.
 
 Each test runs once per supported database (the ``db_url`` fixture); a new dialect passes
-these before any store uses it. The tables are outboxkit's own (``inbox_events``: a plain
-three-string key; ``dlq_replays``: an upsert target), migrated by the fixture.
+these before any store uses it. The tables are outboxkit's own (``inbox_events``: a key of
+three strings, plus the time in the id where the table is partitioned by it; ``dlq_replays``:
+an upsert target), migrated by the fixture.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from outboxkit.consumers.inbox import inbox_key
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import read_db_now_ms
@@ -19,8 +21,6 @@ from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
 from outboxkit.outbox.errors import UnsupportedDatabaseError
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-
-KEY = ["consumer", "source", "event_id"]
 
 
 @pytest.fixture
@@ -55,12 +55,13 @@ async def test_insert_or_skip_returns_the_row_it_inserted_and_nothing_when_it_sk
     engine: AsyncEngine,
 ) -> None:
     dialect = dialect_of(engine)
-    statement = dialect.insert_or_skip(inbox_events, KEY, returning=[inbox_events.c.event_id])
+    key = inbox_key(dialect)
+    statement = dialect.insert_or_skip(inbox_events, key, returning=[inbox_events.c.event_id])
     async with engine.begin() as connection:
         first = (await connection.execute(statement.values(_inbox_row("e-1", 5)))).all()
         again = (await connection.execute(statement.values(_inbox_row("e-1", 9)))).all()
         quiet = await connection.execute(
-            dialect.insert_or_skip(inbox_events, KEY).values(_inbox_row("e-2"))
+            dialect.insert_or_skip(inbox_events, key).values(_inbox_row("e-2"))
         )
         assert not quiet.returns_rows
     assert [tuple(row) for row in first] == [("e-1",)]
@@ -140,7 +141,9 @@ async def test_a_claim_chunk_of_keys_fits_in_one_statement(engine: AsyncEngine) 
     parameter per value and older builds allow 999)."""
     dialect: Dialect = dialect_of(engine)
     rows = [_inbox_row(f"e-{i}") for i in range(dialect.claim_chunk)]
-    statement = dialect.insert_or_skip(inbox_events, KEY, returning=[inbox_events.c.event_id])
+    statement = dialect.insert_or_skip(
+        inbox_events, inbox_key(dialect), returning=[inbox_events.c.event_id]
+    )
     async with engine.begin() as connection:
         inserted = (await connection.execute(statement.values(rows))).all()
         count = await connection.scalar(select(func.count()).select_from(inbox_events))

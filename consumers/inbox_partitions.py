@@ -1,0 +1,333 @@
+"""The inbox's partitions on PostgreSQL: created ahead by the consumers, dropped whole when old.
+
+``inbox_events`` is partitioned by range of ``id_ms``, the time in the event id
+(:mod:`outboxkit.outbox.id_time`), so every delivery of an event finds its claim in one
+partition. Its partitions (migration ``0016_inbox_partitions``):
+
+- ``inbox_events_p<lower ms>``: one time range each, created ahead by :func:`ensure_ahead`;
+- ``inbox_events_untimed``: ids that carry no time (``id_ms`` 0);
+- ``inbox_events_default``: times no partition covers: events older than the oldest kept
+  partition (a replay of an old event), or too far ahead (a skewed producer clock).
+
+Retention (:func:`purge_partitioned`) drops a time partition when its range ended before the
+shortest window; the claims in it that are still inside their own consumer's window (an old
+event applied late, by a lagging consumer) move into the default partition under the same lock,
+so **a claim is kept at least its consumer's window after it was made**, whichever partition it
+is in. The untimed and default partitions, and ``inbox_events_unpartitioned`` (the inbox from
+before partitions), lose their old claims by short chunked deletes.
+
+A consumer's window is the one its retention last ran with (``inbox_windows``); a claim of a
+consumer that runs no retention is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from outboxkit.consumers.tables import inbox_windows
+from outboxkit.outbox.dialects import POSTGRESQL
+from outboxkit.outbox.partitions import (
+    Busy,
+    Dropped,
+    Postponed,
+    RangePartition,
+    attach_range,
+    drop_range,
+    range_partitions,
+)
+from sqlalchemy import select, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+log = logging.getLogger("outboxkit.consumer")
+
+TABLE = "inbox_events"
+UNTIMED = "inbox_events_untimed"
+DEFAULT = "inbox_events_default"
+UNPARTITIONED = "inbox_events_unpartitioned"
+PREFIX = "inbox_events_p"
+CHUNKED = (DEFAULT, UNTIMED, UNPARTITIONED)
+"""The tables whose old claims go by chunked deletes, not by dropping a partition."""
+
+MINUTE_MS = 60_000
+DAY_MS = 86_400_000
+LOCK_TIMEOUT_MS = 50
+"""The longest a partition's attach or drop waits for its lock before giving up until the next
+pass; writers that queue behind the waiting lock wait at most this long too."""
+KEEP_CAP = 10_000
+"""A partition with more claims than this still inside their windows is not dropped yet."""
+# An advisory lock key: one maintainer at a time among the consumers sharing the database.
+_MAINTAINER_LOCK = 0x6F62_696E_626F_7870  # "obinboxp"
+
+
+def width_ms(window_ms: int) -> int:
+    """The time range of a new partition for a consumer window: a seventh of it, within one
+    minute and one day (a 7-day window: daily partitions, eight or nine of them)."""
+    return max(MINUTE_MS, min(DAY_MS, window_ms // 7))
+
+
+@dataclass
+class Maintenance:
+    """What one retention pass did: partitions ``created`` and ``dropped`` (with the claims they
+    kept and the lock held), ``postponed`` ones, and claims ``deleted`` by chunks."""
+
+    created: list[str] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+    postponed: list[Postponed] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    """Partitions not attached or dropped this pass: a writer held the lock they needed
+    longer than :data:`LOCK_TIMEOUT_MS`. The next pass tries again."""
+    deleted: int = 0
+    skipped: bool = False
+    """Another consumer held the maintainer's lock: this pass did nothing."""
+
+    @property
+    def removed(self) -> int:
+        """Claims forgotten: deleted, or in a dropped partition and not kept."""
+        return self.deleted + sum(d.rows - d.kept for d in self.dropped)
+
+
+async def _now_ms(connection: AsyncConnection) -> int:
+    now: int = (await connection.execute(select(POSTGRESQL.now_ms()))).scalar_one()
+    await connection.commit()
+    return now
+
+
+def _timed(partitions: list[RangePartition]) -> list[RangePartition]:
+    return [
+        p
+        for p in partitions
+        if not p.default and p.lower is not None and p.lower >= 1 and p.upper is not None
+    ]
+
+
+async def ensure_ahead(
+    connection: AsyncConnection, *, width: int, ahead_ms: int, now_ms: int
+) -> tuple[list[str], list[str]]:
+    """Attach partitions of ``width`` ms after the newest one until ``now_ms + ahead_ms`` is
+    covered; return their names, and the one that was busy (its lock not granted: the rest
+    wait for the next pass). A range left behind (no consumer ran for a while) is not filled
+    in: its claims are in the default partition."""
+    timed = _timed(await range_partitions(connection, TABLE))
+    await connection.commit()
+    start = now_ms // width * width
+    if timed:
+        start = max(start, max(p.upper for p in timed if p.upper is not None))
+    created: list[str] = []
+    while start < now_ms + ahead_ms:
+        name = f"{PREFIX}{start}"
+        moved = await attach_range(
+            connection,
+            TABLE,
+            name,
+            key="id_ms",
+            lower=start,
+            upper=start + width,
+            default=DEFAULT,
+            lock_timeout_ms=LOCK_TIMEOUT_MS,
+        )
+        if isinstance(moved, Busy):
+            return created, [name]
+        if moved:
+            log.info("inbox partition %s took %d claims from the default partition", name, moved)
+        created.append(name)
+        start += width
+    return created, []
+
+
+async def _windows(connection: AsyncConnection) -> dict[str, int]:
+    rows = await connection.execute(select(inbox_windows.c.consumer, inbox_windows.c.window_ms))
+    return {consumer: window for consumer, window in rows}
+
+
+async def _consumers_in(connection: AsyncConnection, table: str) -> list[str]:
+    """The distinct consumers with claims in ``table``, by a walk of its primary key (one index
+    probe per consumer, however many rows)."""
+    rows = await connection.execute(
+        text(
+            "WITH RECURSIVE c(consumer) AS ("
+            f" (SELECT consumer FROM {table} ORDER BY consumer LIMIT 1)"
+            " UNION ALL SELECT (SELECT t.consumer FROM"
+            f" {table} t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)"
+            " FROM c WHERE c.consumer IS NOT NULL"
+            ") SELECT consumer FROM c WHERE consumer IS NOT NULL"
+        )
+    )
+    return [consumer for (consumer,) in rows]
+
+
+def _keep_condition(
+    consumers: list[str], windows: Mapping[str, int], now_ms: int
+) -> tuple[str, dict[str, Any]]:
+    """SQL keeping, of a partition's claims, those inside their consumer's window (all of a
+    consumer that has none)."""
+    terms: list[str] = []
+    parameters: dict[str, Any] = {}
+    for number, consumer in enumerate(consumers):
+        parameters[f"c{number}"] = consumer
+        if consumer in windows:
+            parameters[f"t{number}"] = now_ms - windows[consumer]
+            terms.append(f"(p.consumer = :c{number} AND p.processed_ms >= :t{number})")
+        else:
+            terms.append(f"p.consumer = :c{number}")
+    return (" OR ".join(terms) or "false"), parameters
+
+
+async def drop_expired(
+    connection: AsyncConnection, *, windows: Mapping[str, int], now_ms: int
+) -> tuple[list[Dropped], list[Postponed], list[str]]:
+    """Drop the time partitions whose range ended more than the shortest window ago, keeping
+    their claims still inside their consumer's window (moved to the default partition)."""
+    if not windows:
+        return [], [], []
+    horizon = now_ms - min(windows.values())
+    partitions = _timed(await range_partitions(connection, TABLE))
+    await connection.commit()
+    dropped, postponed, busy = [], [], []
+    for partition in partitions:
+        if partition.upper is None or partition.upper > horizon:
+            break
+
+        async def keep(locked: AsyncConnection, name: str = partition.name) -> tuple[str, Any]:
+            return _keep_condition(await _consumers_in(locked, name), windows, now_ms)
+
+        outcome = await drop_range(
+            connection,
+            TABLE,
+            partition.name,
+            keep=keep,
+            keep_cap=KEEP_CAP,
+            lock_timeout_ms=LOCK_TIMEOUT_MS,
+        )
+        if isinstance(outcome, Dropped):
+            dropped.append(outcome)
+        elif isinstance(outcome, Postponed):
+            postponed.append(outcome)
+        else:
+            busy.append(outcome.name)
+    return dropped, postponed, busy
+
+
+async def delete_old_claims(
+    connection: AsyncConnection,
+    table: str,
+    *,
+    consumer: str | None,
+    cutoff_ms: int,
+    chunk_size: int,
+) -> int:
+    """Delete ``table``'s claims (of ``consumer``, or all) made before ``cutoff_ms``, at most
+    ``chunk_size`` per transaction; return how many went. Each chunk reads its keys along the
+    ``processed_ms`` index, then deletes them by primary key."""
+    if table not in CHUNKED:
+        raise ValueError(f"not a chunk-purged inbox table: {table}")
+    of_consumer = "" if consumer is None else " AND consumer = :consumer"
+    statement = text(
+        f"WITH chosen AS (SELECT consumer, source, event_id FROM {table}"
+        f" WHERE processed_ms < :cutoff{of_consumer} ORDER BY processed_ms LIMIT :chunk)"
+        f" DELETE FROM {table} t USING chosen WHERE t.consumer = chosen.consumer"
+        " AND t.source = chosen.source AND t.event_id = chosen.event_id"
+    )
+    parameters: dict[str, Any] = {"cutoff": cutoff_ms, "chunk": chunk_size}
+    if consumer is not None:
+        parameters["consumer"] = consumer
+    removed = 0
+    while True:
+        async with connection.begin():
+            count = (await connection.execute(statement, parameters)).rowcount
+        removed += count
+        if count < chunk_size:
+            return removed
+
+
+async def record_window(connection: AsyncConnection, consumer: str, window_ms: int) -> None:
+    """Store ``consumer``'s window (the one its retention runs with)."""
+    async with connection.begin():
+        statement = postgresql.insert(inbox_windows).values(
+            consumer=consumer, window_ms=window_ms, seen_ms=POSTGRESQL.now_ms()
+        )
+        await connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=["consumer"],
+                set_={"window_ms": window_ms, "seen_ms": statement.excluded.seen_ms},
+            )
+        )
+
+
+async def purge_partitioned(
+    engine: AsyncEngine,
+    *,
+    consumer: str | None,
+    window_ms: int,
+    chunk_size: int,
+    ahead_ms: int | None = None,
+) -> Maintenance:
+    """One retention pass over the partitioned inbox: with ``ahead_ms``, first attach the
+    partitions of the next ``ahead_ms`` (``consumer``'s window recorded, as a runtime's pass
+    does); then drop expired partitions and delete old claims of the chunk-purged tables.
+
+    ``consumer`` ``None``: every consumer's claims older than ``window_ms`` go. Only one
+    maintainer at a time: a pass that finds another running does nothing (``skipped``).
+    """
+    done = Maintenance()
+    async with engine.connect() as connection:
+        locked = (
+            await connection.execute(
+                text("SELECT pg_try_advisory_lock(:key)"), {"key": _MAINTAINER_LOCK}
+            )
+        ).scalar_one()
+        await connection.commit()
+        if not locked:
+            done.skipped = True
+            return done
+        try:
+            if consumer is not None and ahead_ms is not None:
+                await record_window(connection, consumer, window_ms)
+            now = await _now_ms(connection)
+            if ahead_ms is not None:
+                done.created, done.busy = await ensure_ahead(
+                    connection, width=width_ms(window_ms), ahead_ms=ahead_ms, now_ms=now
+                )
+            windows: dict[str, int]
+            if consumer is None:
+                windows = {c: window_ms for c in await _all_consumers(connection)}
+            else:
+                windows = {**await _windows(connection), consumer: window_ms}
+            await connection.commit()
+            done.dropped, done.postponed, busy = await drop_expired(
+                connection, windows=windows, now_ms=now
+            )
+            done.busy += busy
+            for name in done.busy:
+                log.info("inbox partition %s busy (its lock was not granted): next pass", name)
+            for postponed in done.postponed:
+                log.info(
+                    "inbox partition %s kept: over %d claims still inside their windows",
+                    postponed.name,
+                    KEEP_CAP,
+                )
+            for table in CHUNKED:
+                done.deleted += await delete_old_claims(
+                    connection,
+                    table,
+                    consumer=consumer,
+                    cutoff_ms=now - window_ms,
+                    chunk_size=chunk_size,
+                )
+        finally:
+            await connection.execute(
+                text("SELECT pg_advisory_unlock(:key)"), {"key": _MAINTAINER_LOCK}
+            )
+            await connection.commit()
+    return done
+
+
+async def _all_consumers(connection: AsyncConnection) -> list[str]:
+    """Every consumer with claims in any time partition: a window for all of them."""
+    names: set[str] = set()
+    for partition in _timed(await range_partitions(connection, TABLE)):
+        names.update(await _consumers_in(connection, partition.name))
+    return sorted(names)

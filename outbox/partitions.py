@@ -1,0 +1,246 @@
+"""Range partitions on PostgreSQL: list them, attach new ones ahead of the writers, and drop old
+ones whole, keeping the rows a caller still needs.
+
+Only for a database whose dialect has ``time_partitions`` (PostgreSQL). The statements are
+chosen for their locks, since writers run beside them:
+
+- **attach** builds the partition as a plain table with its indexes and ``ATTACH``es it: a
+  ``SHARE UPDATE EXCLUSIVE`` lock on the parent, which writers do not wait for (``CREATE TABLE
+  ... PARTITION OF`` would take ``ACCESS EXCLUSIVE``), and ``ACCESS EXCLUSIVE`` on the
+  ``DEFAULT`` partition while it checks that none of its rows is in the new range. Rows it
+  holds there move into the new partition first, in the same transaction;
+- **drop** takes the parent's ``ACCESS EXCLUSIVE`` lock (under a short ``lock_timeout``),
+  counts the rows to keep, detaches the partition, moves those rows back into the parent (the
+  ``DEFAULT`` partition catches them, their range being gone) and commits; the ``DROP TABLE``
+  after it locks only the detached table. ``DETACH ... CONCURRENTLY`` would not block writers
+  at all but cannot run inside a transaction, so a row written between the count and the
+  detach could be lost; the plain detach under the lock is what keeps it exact. The lock is
+  held for the count, the detach and the move: milliseconds for few rows to keep (measured in
+  ``bench.growth``'s inflow run).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outboxkit.outbox.secrecy import sqlstate
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+Keep = Callable[[AsyncConnection], Awaitable[tuple[str, Mapping[str, Any]]]]
+"""Reads, under the parent's lock, which rows of a partition to keep: a SQL condition on its
+columns (the partition aliased ``p``) and its parameters."""
+
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout expires
+_BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+@dataclass(frozen=True, slots=True)
+class RangePartition:
+    """One partition of a range-partitioned table: ``lower <= key < upper``; ``None`` for
+    ``MINVALUE``/``MAXVALUE``; ``default`` for the ``DEFAULT`` partition (no bounds)."""
+
+    name: str
+    lower: int | None
+    upper: int | None
+    default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A partition dropped: of its ``rows`` (counted before the lock), ``kept`` moved back into
+    the parent; the parent's exclusive lock was waited for ``waited_ms`` and held ``held_ms``."""
+
+    name: str
+    rows: int
+    kept: int
+    waited_ms: float
+    held_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """A partition not attached or dropped: its lock was not granted within the lock timeout
+    (a writer's transaction held a conflicting one); nothing changed."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Postponed:
+    """A partition not dropped: it still holds more than the cap of rows to keep (``kept``
+    counts up to the cap plus one)."""
+
+    name: str
+    kept: int
+
+
+def _identifier(name: str) -> str:
+    """``name`` checked as a plain lower-case identifier, since DDL cannot bind names."""
+    if _NAME.fullmatch(name) is None:
+        raise ValueError(f"not a plain identifier: {name!r}")
+    return name
+
+
+def _bound(text_value: str) -> int | None:
+    value = text_value.strip().strip("'")
+    return None if value in ("MINVALUE", "MAXVALUE") else int(value)
+
+
+async def range_partitions(connection: AsyncConnection, table: str) -> list[RangePartition]:
+    """The partitions of ``table`` (in the search path), lowest range first, the default last."""
+    rows = await connection.execute(
+        text(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(:table)"
+        ),
+        {"table": _identifier(table)},
+    )
+    partitions = []
+    for name, bound in rows:
+        if bound == "DEFAULT":
+            partitions.append(RangePartition(name, None, None, default=True))
+            continue
+        match = _BOUND.fullmatch(bound)
+        if match is None:
+            raise ValueError(f"{name}: not a single-column range partition ({bound})")
+        partitions.append(RangePartition(name, _bound(match[1]), _bound(match[2])))
+
+    def order(partition: RangePartition) -> tuple[int, int]:
+        if partition.default:
+            return (2, 0)
+        return (0, -(2**63)) if partition.lower is None else (1, partition.lower)
+
+    return sorted(partitions, key=order)
+
+
+async def attach_range(
+    connection: AsyncConnection,
+    table: str,
+    name: str,
+    *,
+    key: str,
+    lower: int,
+    upper: int,
+    default: str | None,
+    lock_timeout_ms: int,
+) -> int | Busy:
+    """Create ``name`` for ``lower <= key < upper`` and attach it to ``table``; return how many
+    rows it took over from the ``default`` partition (usually none: rows written for a range
+    before its partition existed), or :class:`Busy` when a lock was not granted within
+    ``lock_timeout_ms`` (the built table is dropped again). ``connection`` is outside a
+    transaction.
+
+    The table and its indexes are built first, in a transaction of their own that locks
+    nothing shared; the attach's transaction then only moves those rows (if there are any)
+    and attaches, finding the indexes built and the range already checked (the table keeps
+    that ``CHECK``: the same as its bound)."""
+    parent, child, column = _identifier(table), _identifier(name), _identifier(key)
+    in_range = f"{column} >= {int(lower)} AND {column} < {int(upper)}"
+    async with connection.begin():
+        await connection.execute(text(f"CREATE TABLE {child} (LIKE {parent} INCLUDING ALL)"))
+        await connection.execute(
+            text(f"ALTER TABLE {child} ADD CONSTRAINT {child}_range CHECK ({in_range})")
+        )
+    try:
+        async with connection.begin():
+            await _lock_timeout(connection, lock_timeout_ms)
+            moved = 0
+            if default is not None:
+                fallen_in = f"SELECT 1 FROM {_identifier(default)} WHERE {in_range} LIMIT 1"
+                if (await connection.execute(text(fallen_in))).first() is not None:
+                    moved = (
+                        await connection.execute(
+                            text(
+                                f"WITH moved AS (DELETE FROM {_identifier(default)} "
+                                f"WHERE {in_range} RETURNING *) "
+                                f"INSERT INTO {child} SELECT * FROM moved"
+                            )
+                        )
+                    ).rowcount
+            await connection.execute(
+                text(
+                    f"ALTER TABLE {parent} ATTACH PARTITION {child} "
+                    f"FOR VALUES FROM ({int(lower)}) TO ({int(upper)})"
+                )
+            )
+    except BaseException as error:
+        async with connection.begin():
+            await connection.execute(text(f"DROP TABLE IF EXISTS {child}"))
+        if isinstance(error, DBAPIError) and sqlstate(error) == LOCK_NOT_AVAILABLE:
+            return Busy(name)
+        raise
+    return moved
+
+
+async def drop_range(
+    connection: AsyncConnection,
+    table: str,
+    name: str,
+    *,
+    keep: Keep,
+    keep_cap: int,
+    lock_timeout_ms: int,
+) -> Dropped | Postponed | Busy:
+    """Detach ``name`` from ``table`` and drop it, keeping the rows ``keep`` selects: they move
+    back into ``table`` in the same transaction, under the parent's exclusive lock, so no reader
+    misses them and no writer adds a row to the partition after they were chosen. More than
+    ``keep_cap`` of them: nothing changes (:class:`Postponed`); the lock not granted within
+    ``lock_timeout_ms``: nothing changes either (:class:`Busy`). ``connection`` is outside a
+    transaction."""
+    parent, child = _identifier(table), _identifier(name)
+    async with connection.begin():
+        rows = (await connection.execute(text(f"SELECT count(*) FROM {child}"))).scalar_one()
+    started = time.perf_counter()
+    transaction = await connection.begin()
+    try:
+        await _lock_timeout(connection, lock_timeout_ms)
+        await connection.execute(text(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE"))
+        locked = time.perf_counter()
+        condition, parameters = await keep(connection)
+        kept_rows = f"FROM {child} p WHERE {condition}"
+        counted = (
+            await connection.execute(
+                text(f"SELECT count(*) FROM (SELECT 1 {kept_rows} LIMIT :cap) kept"),
+                {**parameters, "cap": keep_cap + 1},
+            )
+        ).scalar_one()
+        if counted > keep_cap:
+            await transaction.rollback()
+            return Postponed(name, counted)
+        await connection.execute(text(f"ALTER TABLE {parent} DETACH PARTITION {child}"))
+        if counted:
+            await connection.execute(
+                text(f"INSERT INTO {parent} SELECT p.* {kept_rows}"), dict(parameters)
+            )
+        await transaction.commit()
+    except BaseException as error:
+        if transaction.is_active:
+            await transaction.rollback()
+        if isinstance(error, DBAPIError) and sqlstate(error) == LOCK_NOT_AVAILABLE:
+            return Busy(name)
+        raise
+    committed = time.perf_counter()
+    async with connection.begin():
+        await connection.execute(text(f"DROP TABLE {child}"))
+    return Dropped(
+        name,
+        rows,
+        counted,
+        waited_ms=(locked - started) * 1000,
+        held_ms=(committed - locked) * 1000,
+    )
+
+
+async def _lock_timeout(connection: AsyncConnection, lock_timeout_ms: int) -> None:
+    """``lock_timeout`` for the rest of the transaction only."""
+    await connection.execute(
+        text("SELECT set_config('lock_timeout', :value, true)"),
+        {"value": f"{int(lock_timeout_ms)}ms"},
+    )
