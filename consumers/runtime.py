@@ -30,6 +30,7 @@ from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
 from outboxkit.consumers.sequences import BatchView, SequenceKeeper
 from outboxkit.consumers.signals import StopSignals
+from outboxkit.consumers.tables import inbox_windows
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.db import make_async_engine
@@ -347,12 +348,16 @@ class ConsumerRuntime:
         return AIOKafkaConsumer(**options)
 
     async def _check_database(self, engine: AsyncEngine) -> None:
+        # inbox_windows came with the partitioned inbox (0016): without it, this version's
+        # claims would fail on every batch.
+        needed = ("inbox_events", inbox_windows.name)
         async with engine.connect() as connection:
             present = await connection.run_sync(
-                lambda sync: inspect(sync).has_table("inbox_events")
+                lambda sync: [inspect(sync).has_table(name) for name in needed]
             )
-        if not present:
-            raise ConsumerError("table inbox_events is missing: run 'outboxkit migrate' first")
+        missing = [name for name, there in zip(needed, present, strict=True) if not there]
+        if missing:
+            raise ConsumerError(f"table {missing[0]} is missing: run 'outboxkit migrate' first")
 
     async def _loop(self, consumer: AIOKafkaConsumer) -> None:
         """Fetch and hand each partition's records to a worker task of its own.

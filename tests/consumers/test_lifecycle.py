@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from outboxkit.consumers import ConsumerError, ConsumerRuntime
+from outboxkit.migrations.runner import downgrade
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.testing.kafka import create_topic
@@ -62,6 +63,20 @@ async def test_run_raises_a_start_failure_and_leaves_nothing_running(tmp_path: P
         await runtime.run()
     assert asyncio.all_tasks() == {asyncio.current_task()}
     await runtime.stop()  # after a failed start: a no-op
+
+
+async def test_a_database_not_migrated_to_this_version_is_refused_before_any_claim(
+    pg_url: str,
+) -> None:
+    """Claims of this version name the partitioned inbox's tables: on a database one migration
+    behind, the consumer says so in one line instead of failing every batch."""
+    downgrade(pg_url, "0015_awaiting_decisions")
+    runtime = ConsumerRuntime(
+        effects_app_for("orders"), kafka=KafkaSettings(bootstrap="127.0.0.1:1"), db_url=pg_url
+    )
+    with pytest.raises(ConsumerError, match="table inbox_windows is missing: run 'outboxkit"):
+        await runtime.run()
+    await runtime.stop()
 
 
 def test_exactly_one_of_engine_or_db_url() -> None:
