@@ -220,9 +220,10 @@ def render(report: StatusReport) -> list[RenderableType]:
             if outbox.oldest_age_s is not None
             else "nothing unpublished"
         )
-        line = f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked}"
+        line = f"outbox: backlog {outbox.backlog}, {oldest}, parked {outbox.parked_text}"
         if outbox.scheduled:
-            line += f", scheduled {outbox.scheduled}, next due in {_age(outbox.next_due_in_s)}"
+            next_due = _age(outbox.next_due_in_s)
+            line += f", scheduled {outbox.scheduled_text}, next due in {next_due}"
         parts = [Text(line)]
         for slot in db.slots:
             age = slot.oldest_unconfirmed_age_s

@@ -38,10 +38,10 @@ from outboxkit.ops.dlq.reader import DlqReader
 from outboxkit.ops.dlq.sequences import summarize as summarize_sequences
 from outboxkit.ops.dlq.tables import dlq_discards, dlq_replays, held_by
 from outboxkit.outbox.db import parse_url
-from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
+from outboxkit.relay.outbox_counts import COUNT_CAP, read_counts
 from outboxkit.relay.slot import SlotLag, slot_lags
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -60,8 +60,6 @@ OK = "ok"
 UNREACHABLE = "unreachable"
 PARTIAL = "partial"
 MAX_CAUSE_CHARS = 300
-_PENDING = outbox_events.c.published_ms.is_(None) & outbox_events.c.parked_ms.is_(None)
-_DELIVER_AT = outbox_events.c.deliver_at_ms
 
 
 GROUPS_NEED_DATABASE = (
@@ -92,7 +90,9 @@ class RelayInfo:
 class OutboxInfo:
     """Unpublished rows: ``backlog`` due and pending, ``parked`` set aside after failures,
     ``scheduled`` for later (not backlog until due). The backlog's oldest row is the one due
-    the longest (a scheduled row counts from its due time, others from their creation)."""
+    the longest (a scheduled row counts from its due time, others from their creation).
+    Parked and scheduled rows are counted up to a cap (:mod:`outboxkit.relay.outbox_counts`):
+    ``parked_at_least`` / ``scheduled_at_least`` say the count reached it, there may be more."""
 
     backlog: int
     oldest_created_ms: int | None
@@ -101,6 +101,18 @@ class OutboxInfo:
     scheduled: int = 0
     next_due_ms: int | None = None
     next_due_in_s: float | None = None
+    parked_at_least: bool = False
+    scheduled_at_least: bool = False
+
+    @property
+    def parked_text(self) -> str:
+        """``parked`` for people: ``≥ 10000`` when the count reached its cap."""
+        return f"≥ {self.parked}" if self.parked_at_least else str(self.parked)
+
+    @property
+    def scheduled_text(self) -> str:
+        """``scheduled`` for people, as :attr:`parked_text`."""
+        return f"≥ {self.scheduled}" if self.scheduled_at_least else str(self.scheduled)
 
 
 @dataclass
@@ -401,8 +413,12 @@ async def report_status(
     """
     secrets = _secrets(db_url)
     time_ms = int(time.time() * 1000)
+    # Counted far enough to tell whether --max-parked is crossed.
+    max_parked = (limits or Thresholds()).max_parked
+    count_cap = max(COUNT_CAP, max_parked + 1 if max_parked is not None else 0)
+    shown_url = parse_url(db_url).render_as_string(True)
     database_task = asyncio.create_task(
-        _read_database(engine, timeout, secrets, parse_url(db_url).render_as_string(True))
+        _read_database(engine, timeout, secrets, shown_url, count_cap)
     )
     try:
 
@@ -435,13 +451,14 @@ async def _read_database(
     timeout: float,
     secrets: Sequence[str],
     shown_url: str,
+    count_cap: int,
 ) -> DatabaseStatus | Unreachable:
     if isinstance(engine, Unreachable):
         return engine
     try:
         async with database_bounded(engine, timeout), asyncio.timeout(timeout):
             await require_tables(engine, TABLES)
-            return await database_status(engine)
+            return await database_status(engine, count_cap)
     except OpsError as error:
         # The URL as the operator gave it (password hidden), not the driver's spelling of it.
         engine_url = engine.url.render_as_string(hide_password=True)
@@ -479,27 +496,13 @@ async def _read_kafka(
     return None, consumers, dlq
 
 
-async def database_status(engine: AsyncEngine) -> DatabaseStatus:
-    """Read the outbox, relay, lease, action and inbox facts in one connection."""
-    now = dialect_of(engine).now_ms()
+async def database_status(engine: AsyncEngine, count_cap: int = COUNT_CAP) -> DatabaseStatus:
+    """Read the outbox, relay, lease, action and inbox facts in one connection; parked and
+    scheduled rows are counted up to ``count_cap``."""
     ops = agent_operations.c
     async with engine.connect() as connection:
-        now_ms = int(await connection.scalar(select(now)) or 0)
-        is_due = _DELIVER_AT.is_(None) | (now_ms >= _DELIVER_AT)
-        due_since = func.coalesce(_DELIVER_AT, outbox_events.c.created_ms)
-        backlog, oldest, scheduled, next_due = (
-            await connection.execute(
-                select(
-                    func.count().filter(is_due),
-                    func.min(due_since).filter(is_due),
-                    func.count().filter(~is_due),
-                    func.min(_DELIVER_AT).filter(~is_due),
-                ).where(_PENDING)
-            )
-        ).one()
-        parked = await connection.scalar(
-            select(func.count()).where(outbox_events.c.parked_ms.is_not(None))
-        )
+        counts = await read_counts(connection, count_cap)
+        now_ms = counts.now_ms
         relays = {row.relay_id: row for row in await connection.execute(select(outbox_relays))}
         held: dict[str, list[int]] = {}
         for row in await connection.execute(
@@ -549,13 +552,15 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
     return DatabaseStatus(
         now_ms=now_ms,
         outbox=OutboxInfo(
-            backlog=int(backlog),
-            oldest_created_ms=oldest,
-            oldest_age_s=_age_s(now_ms, oldest),
-            parked=int(parked or 0),
-            scheduled=int(scheduled or 0),
-            next_due_ms=next_due,
-            next_due_in_s=None if next_due is None else (next_due - now_ms) / 1000,
+            backlog=counts.pending,
+            oldest_created_ms=counts.oldest_due_ms,
+            oldest_age_s=_age_s(now_ms, counts.oldest_due_ms),
+            parked=counts.parked,
+            scheduled=counts.scheduled,
+            next_due_ms=counts.next_due_ms,
+            next_due_in_s=_in_s(now_ms, counts.next_due_ms),
+            parked_at_least=counts.parked_at_least,
+            scheduled_at_least=counts.scheduled_at_least,
         ),
         relays=relay_infos,
         free_shards=SHARD_COUNT - sum(len(shards) for shards in held.values()),
@@ -582,6 +587,10 @@ async def database_status(engine: AsyncEngine) -> DatabaseStatus:
 
 def _age_s(now_ms: int, then_ms: int | None) -> float | None:
     return None if then_ms is None else max(0, now_ms - then_ms) / 1000
+
+
+def _in_s(now_ms: int, then_ms: int | None) -> float | None:
+    return None if then_ms is None else (then_ms - now_ms) / 1000
 
 
 async def group_lags(reader: DlqReader, groups: Sequence[str]) -> list[GroupLag]:
@@ -740,7 +749,9 @@ def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
                 f"oldest unpublished outbox row is {age:.0f} s old (--max-oldest-age {limit:g})"
             )
         if limits.max_parked is not None and outbox.parked > limits.max_parked:
-            lines.append(f"{outbox.parked} parked outbox row(s) (--max-parked {limits.max_parked})")
+            lines.append(
+                f"{outbox.parked_text} parked outbox row(s) (--max-parked {limits.max_parked})"
+            )
         lines += _slot_lines(report.database.slots, limits)
     if limits.max_lag is not None and not isinstance(report.consumers, Unreachable):
         for group in report.consumers:

@@ -20,6 +20,7 @@ from typing import Any
 
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.tables import outbox_events, outbox_shard_leases
+from outboxkit.relay.outbox_counts import pending_count_query, read_counts
 from sqlalchemy import (
     BigInteger,
     BindParameter,
@@ -49,18 +50,6 @@ _NO: ColumnElement[int] = literal_column("0", Integer).label("scheduled")
 _YES: ColumnElement[int] = literal_column("1", Integer).label("scheduled")
 # The relay looks this far ahead (rows of any shard, in due order) for its own next due row.
 NEXT_DUE_WINDOW = 1000
-
-
-def due(now: ColumnElement[int]) -> ColumnElement[bool]:
-    """Pending rows that may be published now: unscheduled, or scheduled for a time that has
-    come (``now``: the database clock)."""
-    deliver_at = outbox_events.c.deliver_at_ms
-    return PENDING & (deliver_at.is_(None) | (deliver_at <= now))
-
-
-def scheduled(now: ColumnElement[int]) -> ColumnElement[bool]:
-    """Pending rows scheduled for a time still to come: not backlog yet."""
-    return PENDING & (outbox_events.c.deliver_at_ms > now)
 
 
 @dataclass(slots=True)
@@ -129,6 +118,7 @@ class Claims:
         self._now = self._dialect.now_ms()
         self._claim_statement = self._build_claim_statement()
         self._next_due_statement = self._build_next_due_statement()
+        self._pending_count_statement = pending_count_query(self._dialect.statement_now_ms())
         self._build_settle_statements()
 
     async def claim(self, limit: int, in_flight: Sequence[int] = ()) -> list[ClaimedRow]:
@@ -166,8 +156,12 @@ class Claims:
             self._id_in("in_flight", negated=True),
         )
         limit: BindParameter[int] = bindparam("limit", type_=Integer)
-        # The clock is volatile, so it bounds no index scan; read once (an InitPlan), it does.
-        now_once = select(now).scalar_subquery()
+        # The statement's clock, not the volatile one: the planner sees its value, so the due
+        # rows are a range of ix_outbox_events_scheduled it walks in order and stops at the
+        # first not yet due, in custom and generic plans alike. Behind a volatile clock (an
+        # InitPlan) it guessed a third of the scheduled rows due and, with 1 M of them, chose
+        # a seq scan of the whole outbox (docs/operations.md#sizing).
+        statement_now = self._dialect.statement_now_ms()
         must_wait = case((rows.available_ms > now, 1), else_=0).label("must_wait")
         unscheduled = (
             select(rows.id, rows.kafka_key, rows.created_ms.label("due_ms"), must_wait, _NO)
@@ -178,7 +172,7 @@ class Claims:
         )
         due = (
             select(rows.id, rows.kafka_key, rows.deliver_at_ms.label("due_ms"), must_wait, _YES)
-            .where(*mine, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms <= now_once)
+            .where(*mine, rows.deliver_at_ms.is_not(None), rows.deliver_at_ms <= statement_now)
             .order_by(rows.deliver_at_ms, rows.id)
             .limit(limit)
             .subquery()
@@ -318,27 +312,24 @@ class Claims:
         """Rows that are due and neither published nor parked (all shards); rows scheduled
         for later are not counted."""
         async with self.engine.connect() as conn:
-            query = select(func.count()).select_from(outbox_events).where(due(self._now))
-            return (await conn.execute(query)).scalar_one()
+            count: int = (await conn.execute(self._pending_count_statement)).scalar_one()
+        return count
 
     async def backlog(self) -> Backlog:
         """Backlog size, age of its oldest row, parked rows and rows scheduled for later, in
-        one query (all shards). A scheduled row's age counts from its due time."""
-        parked = outbox_events.c.parked_ms.is_not(None)
-        is_due = due(self._now)
-        due_since = func.coalesce(outbox_events.c.deliver_at_ms, outbox_events.c.created_ms)
-        query = select(
-            func.count().filter(is_due),
-            func.min(due_since).filter(is_due),
-            func.count().filter(parked),
-            func.count().filter(scheduled(self._now)),
-            self._now,
-        ).where(PENDING | parked)
+        one query of the partial indexes (all shards; :mod:`.outbox_counts`). A scheduled
+        row's age counts from its due time; parked and scheduled rows are counted up to
+        :data:`~.outbox_counts.COUNT_CAP`."""
         async with self.engine.connect() as conn:
-            row = (await conn.execute(query)).one()
-        pending, oldest_ms, parked_rows, later, now_ms = row
-        age_s = max(0, now_ms - oldest_ms) / 1000 if oldest_ms is not None else 0.0
-        return Backlog(pending=pending, oldest_age_s=age_s, parked=parked_rows, scheduled=later)
+            counts = await read_counts(conn)
+        oldest_ms = counts.oldest_due_ms
+        age_s = max(0, counts.now_ms - oldest_ms) / 1000 if oldest_ms is not None else 0.0
+        return Backlog(
+            pending=counts.pending,
+            oldest_age_s=age_s,
+            parked=counts.parked,
+            scheduled=counts.scheduled,
+        )
 
     async def next_due_in_s(self) -> float | None:
         """Seconds until the next scheduled row of this relay's shards is due, or ``None``.
@@ -359,7 +350,7 @@ class Claims:
             .where(
                 PENDING,
                 rows.deliver_at_ms.is_not(None),
-                rows.deliver_at_ms > select(now).scalar_subquery(),  # bounds the index scan
+                rows.deliver_at_ms > self._dialect.statement_now_ms(),  # bounds the index scan
             )
             .order_by(rows.deliver_at_ms)
             .limit(NEXT_DUE_WINDOW)

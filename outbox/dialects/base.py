@@ -36,6 +36,8 @@ class Dialect:
     """The sync driver's module."""
     now_ms_sql: str
     """SQL for the database clock in epoch milliseconds (:meth:`now_ms`)."""
+    statement_now_ms_sql: str
+    """SQL for the database clock at the start of the statement (:meth:`statement_now_ms`)."""
     claim_chunk: int
     """Keys per multi-row claim statement (the inbox's ``claim_many``)."""
     listen_notify: bool
@@ -90,6 +92,14 @@ class Dialect:
     def now_ms(self) -> ColumnElement[int]:
         """A SQL expression for the database's current time in epoch milliseconds."""
         return literal_column(self.now_ms_sql, BigInteger)
+
+    def statement_now_ms(self) -> ColumnElement[int]:
+        """The database's time in epoch milliseconds as the statement began: one value for
+        the whole statement, which the query planner reads when it estimates. A range bound
+        on it (``deliver_at_ms <= ...``) is an index condition planned from the column's
+        statistics, where the volatile :meth:`now_ms` leaves the planner guessing a third of
+        the rows (docs/operations.md#sizing)."""
+        return literal_column(self.statement_now_ms_sql, BigInteger)
 
     def claim_skip_locked(self, query: _Query) -> _Query:
         """``query`` locking the rows it reads and skipping rows other transactions hold

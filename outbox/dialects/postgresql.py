@@ -23,6 +23,8 @@ class PostgreSQL(Dialect):
     async_module = "asyncpg"
     sync_module = "psycopg"
     now_ms_sql = "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint"
+    # statement_timestamp() is stable: the planner evaluates it to estimate a range.
+    statement_now_ms_sql = "(floor(extract(epoch from statement_timestamp()) * 1000))::bigint"
     # Two array parameters whatever the count; the bound only keeps statements short.
     claim_chunk = 1_000
     listen_notify = True

@@ -18,6 +18,8 @@ class SQLite(Dialect):
     async_module = "aiosqlite"
     sync_module = "sqlite3"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    # 'now' is already one value for the whole statement.
+    statement_now_ms_sql = now_ms_sql
     # Four parameters per key (consumer, source, id, the id's time); older builds allow 999.
     claim_chunk = 240
     listen_notify = False

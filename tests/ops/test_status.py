@@ -24,9 +24,10 @@ from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.leases import ShardLeases
+from outboxkit.relay.outbox_counts import COUNT_CAP
 from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.processes import start_cli, terminate
-from sqlalchemy import insert, update
+from sqlalchemy import insert, text, update
 from sqlalchemy.orm import Session
 
 from tests.support.actions import leave_unknown
@@ -478,3 +479,43 @@ async def test_dead_letter_counts_leave_the_discarded_letters_out(
                        "--dlq", dlq, "--timeout", "2")).json()  # fmt: skip
     [dead] = blind["dlq"]["topics"]
     assert (dead["records"], dead["discarded"], dead["held"]) == (6, None, 6)
+
+
+def park_and_schedule_beyond_the_cap(url: str, parked: int, scheduled: int) -> None:
+    """``parked`` parked rows and ``scheduled`` rows due in a day, in one statement each."""
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        for state, count in (("parked", parked), ("scheduled", scheduled)):
+            connection.execute(
+                text(
+                    "INSERT INTO outbox_events (source, event_id, type, topic, shard, headers,"
+                    " payload, created_ms, available_ms, attempts, parked_ms, deliver_at_ms)"
+                    " SELECT '/cap', :state || n, 't', 'orders', n % 64, '{}', 'x', 1, 1, 0,"
+                    " CASE WHEN :state = 'parked' THEN 1 END,"
+                    " CASE WHEN :state = 'scheduled' THEN :due + n END"
+                    " FROM generate_series(1, :count) AS n"
+                ),
+                {"state": state, "count": count, "due": int(time.time() * 1000) + 86_400_000},
+            )
+    engine.dispose()
+
+
+async def test_parked_and_scheduled_rows_are_counted_up_to_a_cap_and_said_so(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    """Past COUNT_CAP the status says "at least" (text, JSON, console's fields) instead of
+    counting every row each time; a --max-parked above the cap is still judged on the rows."""
+    park_and_schedule_beyond_the_cap(pg_url, COUNT_CAP + 5, COUNT_CAP + 3)
+    where = ("--db-url", pg_url, "--bootstrap", kafka_bootstrap)
+
+    report = (await cli("status", "--json", *where)).json()["outbox"]
+    assert (report["parked"], report["parked_at_least"]) == (COUNT_CAP, True)
+    assert (report["scheduled"], report["scheduled_at_least"]) == (COUNT_CAP, True)
+    assert report["backlog"] == 0 and report["next_due_in_s"] > 86_000
+    text_report = await cli("status", *where)
+    assert f"parked ≥ {COUNT_CAP}, scheduled ≥ {COUNT_CAP}" in text_report.out, text_report.out
+
+    below = await cli("status", *where, "--max-parked", str(COUNT_CAP + 5))
+    assert below.code == 0 and "threshold crossed" not in below.err, below.err
+    above = await cli("status", *where, "--max-parked", str(COUNT_CAP + 4))
+    assert above.code == 1 and "parked outbox row(s) (--max-parked" in above.err, above.err
