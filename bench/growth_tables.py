@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import re
@@ -233,6 +234,7 @@ async def table_stats(url: str, table: str) -> TableStats:
         await connection.close()
     heap = sum(p.heap_bytes for p in parts)
     weight = max(1, heap)
+    dense = [p for p in parts if not math.isnan(p.pkey_leaf_density)]  # NaN: an empty index
     return TableStats(
         table=table,
         rows=sum(p.rows for p in parts),
@@ -241,8 +243,8 @@ async def table_stats(url: str, table: str) -> TableStats:
         dead_tuples=sum(p.dead_tuples for p in parts),
         dead_percent=sum(p.dead_percent * p.heap_bytes for p in parts) / weight,
         free_percent=sum(p.free_percent * p.heap_bytes for p in parts) / weight,
-        pkey_leaf_density=sum(p.pkey_leaf_density * p.index_bytes for p in parts)
-        / max(1, sum(p.index_bytes for p in parts)),
+        pkey_leaf_density=sum(p.pkey_leaf_density * p.index_bytes for p in dense)
+        / max(1, sum(p.index_bytes for p in dense)),
     )
 
 
