@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from outboxkit.outbox import wal_message
 from outboxkit.outbox.clock import db_now_ms
+from outboxkit.outbox.dialects import POSTGRESQL
 from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.secrecy import describe_error
 from outboxkit.outbox.sharding import SHARD_COUNT, shard_for
@@ -126,7 +127,9 @@ class LogicalStream:
         self._refused = 0  # attempts refused in a row (SlotRefused)
         self._refusal_logged_at = -REFUSAL_LOG_EVERY_S
         self._next_table_claim = 0.0
-        now = db_now_ms("postgresql")
+        # The statement's clock, which the planner reads when it estimates the due scheduled
+        # rows (behind the volatile clock it guessed a third of them: relay/claims.py).
+        now = POSTGRESQL.statement_now_ms()
         rows = outbox_events.c
         handed_over = rows.deliver_at_ms.is_(None) & rows.last_error.is_not(None)
         due_scheduled = rows.deliver_at_ms.is_not(None) & (rows.deliver_at_ms <= now)
