@@ -29,6 +29,7 @@ class SQLite(Dialect):
     batch_alter_table = True
     url_tls = False
     file_database = True
+    autovacuum = False
 
     def insert(self, table: TableClause) -> sqlite.Insert:
         """SQLite's ``INSERT ... ON CONFLICT``."""
