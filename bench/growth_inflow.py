@@ -25,7 +25,7 @@ from typing import Any
 from outboxkit.consumers.inbox import DEFAULT_PURGE_CHUNK, purge_inbox
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine
-from outboxkit.relay.retention import delete_published
+from outboxkit.relay.retention import VACUUM_AFTER, delete_published, vacuum_outbox
 from outboxkit.testing.kafka import create_topic
 from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy import func, select
@@ -66,6 +66,7 @@ class InflowResult:
     inbox_purge_ms: list[float] = field(default_factory=list)
     outbox_lock_ms: list[float] = field(default_factory=list)
     inbox_lock_ms: list[float] = field(default_factory=list)
+    outbox_vacuum_ms: list[float] = field(default_factory=list)
     outbox_purged: int = 0
     inbox_purged: int = 0
 
@@ -111,17 +112,30 @@ async def _write(
 
 
 async def _retain(
-    url: str, window_s: float, interval_s: float, result: InflowResult, stop: asyncio.Event
+    url: str,
+    window_s: float,
+    interval_s: float,
+    result: InflowResult,
+    stop: asyncio.Event,
+    *,
+    vacuum: bool,
 ) -> None:
     """Every ``interval_s``: purge published outbox rows and inbox claims older than the
-    window, each transaction timed."""
+    window, each transaction timed; with ``vacuum``, then ``VACUUM`` the outbox as the relay
+    does (timed apart: it is no transaction and holds no row lock)."""
     engine, timer = timed_engine(url)
     try:
         while not stop.is_set():
-            result.outbox_purged += await delete_published(engine, int(window_s * 1000), 5000)
+            deleted = await delete_published(engine, int(window_s * 1000), 5000, vacuum_after=None)
+            result.outbox_purged += deleted
             transactions, locks = timer.take()
             result.outbox_purge_ms += transactions
             result.outbox_lock_ms += locks
+            if vacuum and deleted >= VACUUM_AFTER:
+                began = time.perf_counter()
+                await vacuum_outbox(engine)
+                result.outbox_vacuum_ms.append((time.perf_counter() - began) * 1000)
+                timer.take()
             result.inbox_purged += await purge_inbox(
                 engine, consumer=CONSUMER, older_than_s=window_s, chunk_size=DEFAULT_PURGE_CHUNK
             )
@@ -172,9 +186,11 @@ async def inflow(
     window_s: float,
     sample_s: float,
     retention_every_s: float,
+    vacuum: bool = True,
 ) -> InflowResult:
     """Write at ``rate`` for ``seconds`` (relay and consumer in processes of their own) with a
-    ``window_s`` retention; sample the tables every ``sample_s``."""
+    ``window_s`` retention; sample the tables every ``sample_s``. ``vacuum``: the outbox
+    retention vacuums after a pass as the relay does (off: autovacuum alone)."""
     topic = f"growth-inflow-{uuid.uuid4().hex[:6]}"
     await create_topic(bootstrap, topic, 3)
     logs = Path(tempfile.mkdtemp(prefix="growth-inflow-"))
@@ -185,7 +201,9 @@ async def inflow(
     try:
         await wait_for_log(logs / "consumer.log", "partitions assigned", 120)
         writer = asyncio.create_task(_write(url, topic, rate, written, stop))
-        retention = asyncio.create_task(_retain(url, window_s, retention_every_s, result, stop))
+        retention = asyncio.create_task(
+            _retain(url, window_s, retention_every_s, result, stop, vacuum=vacuum)
+        )
         began = time.monotonic()
         try:
             while time.monotonic() - began < seconds:
@@ -210,7 +228,8 @@ async def inflow(
                 print(
                     f"  {sample.at_s:5.0f} s  written {sample.written:>9,}  applied "
                     f"{sample.consumed:>9,}  outbox {sample.outbox.rows:>9,} rows "
-                    f"{sample.outbox.total_bytes / 2**20:7.1f} MiB  inbox {sample.inbox.rows:>9,} "
+                    f"{sample.outbox.total_bytes / 2**20:7.1f} MiB "
+                    f"({sample.outbox.dead_tuples:,} dead)  inbox {sample.inbox.rows:>9,} "
                     f"rows {sample.inbox.total_bytes / 2**20:7.1f} MiB  longest purge tx "
                     f"{longest:6.1f} ms  load {sample.load[0]:.1f}",
                     flush=True,
@@ -239,6 +258,10 @@ def summary(result: InflowResult) -> dict[str, float]:
         "purge_p99_ms": percentile(purges, 99),
         "purge_p50_ms": percentile(purges, 50),
         "outbox_lock_longest_ms": max(result.outbox_lock_ms, default=0.0),
+        "outbox_lock_p99_ms": percentile(result.outbox_lock_ms, 99),
+        "outbox_purge_p99_ms": percentile(result.outbox_purge_ms, 99),
+        "outbox_vacuums": float(len(result.outbox_vacuum_ms)),
+        "outbox_vacuum_longest_ms": max(result.outbox_vacuum_ms, default=0.0),
         "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
         "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
         "purge_transactions": float(len(purges)),
