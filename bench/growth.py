@@ -16,12 +16,13 @@ tuples and the primary key's leaf density (``pgstattuple``). Paths:
   ``--relay-parked`` parked and scheduled rows (half each);
 - ``inflow``: events written at ``--inflow-rate`` for ``--inflow-seconds``, relayed and
   consumed, with outbox retention and inbox window ``--inflow-window`` seconds; table sizes
-  every ``--inflow-sample`` seconds and the longest retention transaction; the outbox
-  retention vacuums after a pass as the relay does, unless ``--inflow-no-vacuum``.
+  every ``--inflow-sample`` seconds and the longest retention transaction; with
+  ``--inflow-vacuum`` the outbox is also vacuumed after each big pass (an experiment: inline,
+  it held retention up).
 
     python -m bench.growth [--paths inbox,relay,inflow] [--inbox-sizes 0,10000000,50000000]
         [--relay-published 10000000] [--relay-parked 1000000] [--inflow-rate 5000]
-        [--inflow-seconds 600] [--inflow-window 90] [--inflow-no-vacuum]
+        [--inflow-seconds 600] [--inflow-window 90] [--inflow-vacuum]
 """
 
 from __future__ import annotations
@@ -299,14 +300,14 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
                 url, bootstrap, rate=args.inflow_rate, seconds=args.inflow_seconds,
                 window_s=args.inflow_window, sample_s=args.inflow_sample,
                 retention_every_s=args.inflow_retention_every,
-                vacuum=not args.inflow_no_vacuum,
+                vacuum=args.inflow_vacuum,
             )
         )  # fmt: skip
     figures = summary(result)
     results["inflow"] = figures | {
         "target_rate": args.inflow_rate,
         "window_s": args.inflow_window,
-        "vacuum": not args.inflow_no_vacuum,
+        "vacuum": args.inflow_vacuum,
         "samples": [
             {
                 "at_s": s.at_s,
@@ -373,9 +374,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--inflow-sample", type=float, default=60)
     parser.add_argument("--inflow-retention-every", type=float, default=10)
     parser.add_argument(
-        "--inflow-no-vacuum",
+        "--inflow-vacuum",
         action="store_true",
-        help="outbox retention without the relay's VACUUM after a pass (autovacuum alone)",
+        help="VACUUM the outbox after each retention pass of 10,000 rows or more (inline)",
     )
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
