@@ -32,23 +32,27 @@ _TIMED_OUT = frozenset({"55P03", "57014"})
 
 @dataclass(frozen=True)
 class Pacing:
-    """How long one chunk's transaction may take, and how its size follows from that.
+    """How long one chunk may hold its row locks, and how its size follows from that.
 
     The first chunk has ``first`` rows (or the caller's ``chunk_size`` if smaller); each next
-    one is resized by ``target_ms`` / the time the last one took (at most by half again, at least
-    ``least`` rows, at most ``chunk_size``). ``lock_timeout_ms`` and ``statement_timeout_ms``
-    bound each statement's lock wait and run (PostgreSQL, local to the transaction); a chunk
-    that hits one is rolled back and ends the pass (the next pass starts again).
+    one is resized by ``target_ms`` / the time the last one held its locks (from its DELETE
+    to its COMMIT returning), at most by half again, at least ``least`` rows, at most
+    ``chunk_size``. The rest of a transaction (its round trips, reading the ids) holds no
+    row lock and is left out: under load it is a fixed cost that a smaller chunk does not
+    shorten, and pacing on it shrank chunks to a few dozen rows and retention below the
+    inflow (docs/operations.md#retention-under-inflow). ``lock_timeout_ms`` and
+    ``statement_timeout_ms`` bound each statement's lock wait and run (PostgreSQL, local to
+    the transaction); a chunk that hits one is rolled back and ends the pass.
     """
 
-    target_ms: float = 30.0
+    target_ms: float = 50.0
     first: int = 1000
-    least: int = 50
+    least: int = 200
     lock_timeout_ms: int = 100
     statement_timeout_ms: int = 1000
 
     def next_size(self, size: int, took_ms: float, most: int) -> int:
-        """The size of the chunk after one of ``size`` rows that took ``took_ms``."""
+        """The size of the chunk after one of ``size`` rows that held its locks ``took_ms``."""
         factor = min(1.5, self.target_ms / max(took_ms, 0.001))
         return max(min(self.least, most), min(most, round(size * factor)))
 
@@ -93,7 +97,7 @@ async def delete_in_chunks(
     total = 0
     chunks = 0
     while max_chunks is None or chunks < max_chunks:
-        began = time.perf_counter()
+        deleting = 0.0
         try:
             async with sessions() as session, session.begin():
                 dialect = dialect_of(session)
@@ -115,6 +119,7 @@ async def delete_in_chunks(
                     chunk = dialect.claim_skip_locked(chunk)
                 rows = (await session.execute(chunk, {"now_ms": clock})).all()
                 if rows:
+                    deleting = time.perf_counter()
                     by_id = dialect.in_list(table.c.id, "ids", table.c.id.type)
                     result = await session.execute(
                         delete(table).where(by_id, selected),
@@ -132,8 +137,8 @@ async def delete_in_chunks(
             )
             break
         chunks += 1
-        took_ms = (time.perf_counter() - began) * 1000
-        log.debug("cleanup of %s: %d rows in %.1f ms", table.name, len(rows), took_ms)
+        took_ms = (time.perf_counter() - deleting) * 1000 if rows else 0.0
+        log.debug("cleanup of %s: %d rows, locks held %.1f ms", table.name, len(rows), took_ms)
         if len(rows) < size:
             break
         after = rows[-1][1]
