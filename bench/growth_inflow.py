@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from outboxkit.consumers.inbox import DEFAULT_PURGE_CHUNK, partitions_ahead_s, purge_inbox
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine
@@ -34,10 +35,11 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from bench.common import percentile
 from bench.consumer_app import EVENT_TYPE, bench_effects
-from bench.growth_tables import TableStats, table_stats, timed_engine
+from bench.growth_tables import TableStats, asyncpg_dsn, table_stats, timed_engine
 from bench.latency import wait_for_log
 
 ROOT = Path(__file__).resolve().parents[1]
+VACUUM_AFTER = 10_000  # rows a pass deletes before --inflow-vacuum vacuums the outbox
 TICK_S = 0.1  # the writer commits one transaction of rate * TICK_S events per tick
 CONSUMER = "bench"  # bench.consumer_app's name
 
@@ -67,6 +69,7 @@ class InflowResult:
     inbox_purge_ms: list[float] = field(default_factory=list)
     outbox_lock_ms: list[float] = field(default_factory=list)
     inbox_lock_ms: list[float] = field(default_factory=list)
+    outbox_vacuum_ms: list[float] = field(default_factory=list)
     outbox_purged: int = 0
     inbox_purged: int = 0
     longest_holds: list[tuple[float, str]] = field(default_factory=list)
@@ -115,17 +118,28 @@ async def _write(
 
 
 async def _retain(
-    url: str, window_s: float, interval_s: float, result: InflowResult, stop: asyncio.Event
+    url: str,
+    window_s: float,
+    interval_s: float,
+    result: InflowResult,
+    stop: asyncio.Event,
+    *,
+    vacuum: bool,
 ) -> None:
     """Every ``interval_s``: purge published outbox rows and inbox claims older than the
-    window, each transaction timed."""
+    window, each transaction timed; with ``vacuum``, a pass that deleted ``VACUUM_AFTER``
+    outbox rows is followed by a plain ``VACUUM`` of the outbox (timed apart: it is no
+    transaction and holds no row lock)."""
     engine, timer = timed_engine(url)
     try:
         while not stop.is_set():
-            result.outbox_purged += await delete_published(engine, int(window_s * 1000), 5000)
+            deleted = await delete_published(engine, int(window_s * 1000), 5000)
+            result.outbox_purged += deleted
             transactions, locks = timer.take()
             result.outbox_purge_ms += transactions
             result.outbox_lock_ms += locks
+            if vacuum and deleted >= VACUUM_AFTER:
+                result.outbox_vacuum_ms.append(await _vacuum_outbox(url))
             result.inbox_purged += await purge_inbox(
                 engine,
                 consumer=CONSUMER,
@@ -141,6 +155,17 @@ async def _retain(
     finally:
         result.longest_holds = timer.longest_holds(5)
         await engine.dispose()
+
+
+async def _vacuum_outbox(url: str) -> float:
+    """``VACUUM (SKIP_LOCKED) outbox_events`` (it cannot run in a transaction); ms it took."""
+    began = time.perf_counter()
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await connection.execute("VACUUM (SKIP_LOCKED) outbox_events")
+    finally:
+        await connection.close()
+    return (time.perf_counter() - began) * 1000
 
 
 async def _applied(url: str) -> int:
@@ -181,9 +206,11 @@ async def inflow(
     window_s: float,
     sample_s: float,
     retention_every_s: float,
+    vacuum: bool = False,
 ) -> InflowResult:
     """Write at ``rate`` for ``seconds`` (relay and consumer in processes of their own) with a
-    ``window_s`` retention; sample the tables every ``sample_s``."""
+    ``window_s`` retention; sample the tables every ``sample_s``. ``vacuum``: the outbox
+    is also vacuumed after a big retention pass (default: autovacuum alone, as deployed)."""
     topic = f"growth-inflow-{uuid.uuid4().hex[:6]}"
     await create_topic(bootstrap, topic, 3)
     logs = Path(tempfile.mkdtemp(prefix="growth-inflow-"))
@@ -194,7 +221,9 @@ async def inflow(
     try:
         await wait_for_log(logs / "consumer.log", "partitions assigned", 120)
         writer = asyncio.create_task(_write(url, topic, rate, written, stop))
-        retention = asyncio.create_task(_retain(url, window_s, retention_every_s, result, stop))
+        retention = asyncio.create_task(
+            _retain(url, window_s, retention_every_s, result, stop, vacuum=vacuum)
+        )
         began = time.monotonic()
         try:
             while time.monotonic() - began < seconds:
@@ -219,7 +248,8 @@ async def inflow(
                 print(
                     f"  {sample.at_s:5.0f} s  written {sample.written:>9,}  applied "
                     f"{sample.consumed:>9,}  outbox {sample.outbox.rows:>9,} rows "
-                    f"{sample.outbox.total_bytes / 2**20:7.1f} MiB  inbox {sample.inbox.rows:>9,} "
+                    f"{sample.outbox.total_bytes / 2**20:7.1f} MiB "
+                    f"({sample.outbox.dead_tuples:,} dead)  inbox {sample.inbox.rows:>9,} "
                     f"rows {sample.inbox.total_bytes / 2**20:7.1f} MiB  longest purge tx "
                     f"{longest:6.1f} ms  load {sample.load[0]:.1f}",
                     flush=True,
@@ -248,6 +278,10 @@ def summary(result: InflowResult) -> dict[str, float]:
         "purge_p99_ms": percentile(purges, 99),
         "purge_p50_ms": percentile(purges, 50),
         "outbox_lock_longest_ms": max(result.outbox_lock_ms, default=0.0),
+        "outbox_lock_p99_ms": percentile(result.outbox_lock_ms, 99),
+        "outbox_purge_p99_ms": percentile(result.outbox_purge_ms, 99),
+        "outbox_vacuums": float(len(result.outbox_vacuum_ms)),
+        "outbox_vacuum_longest_ms": max(result.outbox_vacuum_ms, default=0.0),
         "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
         "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
         "purge_transactions": float(len(purges)),

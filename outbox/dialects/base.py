@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Insert, literal_column
+from sqlalchemy import BigInteger, Insert, bindparam, literal_column
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import GenerativeSelect, TableClause
+from sqlalchemy.types import TypeEngine
 
 _Query = TypeVar("_Query", bound=GenerativeSelect)
 
@@ -65,6 +66,10 @@ class Dialect:
     """Declarative range partitions that attach and detach while writers run: the inbox is
     partitioned by the time in its event ids and retention drops whole partitions
     (:mod:`outboxkit.outbox.partitions`, :mod:`outboxkit.consumers.inbox_partitions`)."""
+    autovacuum: bool
+    """Deleted rows leave dead tuples that a (background or plain) ``VACUUM`` makes reusable,
+    without blocking reads or writes; tables take autovacuum storage parameters (``ALTER
+    TABLE ... SET (autovacuum_...)``). Where false, the database reuses freed pages itself."""
 
     def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
         """Async engine ``connect_args`` that give up a connection attempt after ``timeout_s``."""
@@ -110,6 +115,20 @@ class Dialect:
         """``query`` locking the rows it reads for the transaction (``FOR UPDATE``), where
         the database has row locks."""
         return query
+
+    def in_list(
+        self, column: ColumnElement[Any], name: str, item_type: TypeEngine[Any]
+    ) -> ColumnElement[bool]:
+        """``column`` in the list bound as parameter ``name`` (of ``item_type`` items): one
+        parameter per item here; one array parameter where the database has them, so the
+        statement's text, and its prepared plan, do not change with the list's length."""
+        return column.in_(bindparam(name, expanding=True))
+
+    def local_timeouts(self, lock_ms: int, statement_ms: int) -> list[ColumnElement[Any]]:
+        """Expressions that, selected first in a transaction, bound each later statement's
+        lock wait by ``lock_ms`` and its run by ``statement_ms`` until the transaction ends;
+        none where the database has no such settings."""
+        return []
 
     def commit_without_flush(self) -> ColumnElement[bool] | None:
         """A condition that is true and, evaluated in a statement, lets the statement's

@@ -6,10 +6,11 @@ from typing import Any
 
 from outboxkit.outbox.dialects.base import Dialect, _Query
 from outboxkit.outbox.extras import POSTGRES
-from sqlalchemy import func, true
+from sqlalchemy import any_, bindparam, func, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableClause
+from sqlalchemy.types import TypeEngine
 
 
 class PostgreSQL(Dialect):
@@ -37,6 +38,7 @@ class PostgreSQL(Dialect):
     url_tls = True
     file_database = False
     time_partitions = True
+    autovacuum = True
 
     def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
         """asyncpg's connection timeout."""
@@ -62,6 +64,23 @@ class PostgreSQL(Dialect):
     def lock(self, query: _Query) -> _Query:
         """``FOR UPDATE``."""
         return query.with_for_update()
+
+    def in_list(
+        self, column: ColumnElement[Any], name: str, item_type: TypeEngine[Any]
+    ) -> ColumnElement[bool]:
+        """``column = ANY(:name)``, the list one array parameter."""
+        condition: ColumnElement[bool] = column == any_(
+            bindparam(name, type_=postgresql.ARRAY(item_type))
+        )
+        return condition
+
+    def local_timeouts(self, lock_ms: int, statement_ms: int) -> list[ColumnElement[Any]]:
+        """``set_config('lock_timeout'/'statement_timeout', ..., true)``: local to the
+        transaction."""
+        return [
+            func.set_config("lock_timeout", f"{lock_ms}ms", true()),
+            func.set_config("statement_timeout", f"{statement_ms}ms", true()),
+        ]
 
     def commit_without_flush(self) -> ColumnElement[bool]:
         """``set_config('synchronous_commit', 'off', true)``: local to the transaction, even

@@ -148,3 +148,32 @@ async def test_a_claim_chunk_of_keys_fits_in_one_statement(engine: AsyncEngine) 
         inserted = (await connection.execute(statement.values(rows))).all()
         count = await connection.scalar(select(func.count()).select_from(inbox_events))
     assert len(inserted) == count == dialect.claim_chunk
+
+
+async def test_an_in_list_parameter_selects_the_listed_rows_whatever_its_length(
+    engine: AsyncEngine,
+) -> None:
+    dialect = dialect_of(engine)
+    column = inbox_events.c.event_id
+    async with engine.begin() as connection:
+        await connection.execute(insert(inbox_events), [_inbox_row(f"e-{i}") for i in range(5)])
+        listed = select(column).where(dialect.in_list(column, "ids", column.type)).order_by(column)
+        for ids in (["e-1"], ["e-0", "e-3", "e-9"]):
+            found = (await connection.execute(listed, {"ids": ids})).scalars().all()
+            assert found == sorted(set(ids) - {"e-9"})
+
+
+async def test_local_timeouts_last_until_the_transaction_ends(engine: AsyncEngine) -> None:
+    """Selected first, they bound the transaction's later statements; the next transaction on
+    the same connection has the session's settings again (PostgreSQL; none on SQLite)."""
+    dialect = dialect_of(engine)
+    timeouts = dialect.local_timeouts(150, 2500)
+    if not timeouts:
+        return  # a database without such settings: nothing to bound
+    show = select(func.current_setting("lock_timeout"), func.current_setting("statement_timeout"))
+    async with engine.connect() as connection:
+        async with connection.begin():
+            await connection.execute(select(*timeouts))
+            assert tuple((await connection.execute(show)).one()) == ("150ms", "2500ms")
+        async with connection.begin():
+            assert tuple((await connection.execute(show)).one()) != ("150ms", "2500ms")
