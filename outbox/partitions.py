@@ -153,6 +153,11 @@ async def attach_range(
             await _lock_timeout(connection, lock_timeout_ms)
             moved = 0
             if default is not None:
+                # Writers of the default partition wait from here: none may add a row of the
+                # range between the move and the attach (which would then fail).
+                await connection.execute(
+                    text(f"LOCK TABLE {_identifier(default)} IN EXCLUSIVE MODE")
+                )
                 fallen_in = f"SELECT 1 FROM {_identifier(default)} WHERE {in_range} LIMIT 1"
                 if (await connection.execute(text(fallen_in))).first() is not None:
                     moved = (

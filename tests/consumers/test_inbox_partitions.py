@@ -266,3 +266,27 @@ async def test_a_claim_in_flight_in_a_partition_keeps_it_until_it_commits(
     assert [(d.name, d.kept) for d in done.dropped] == [(partition, 1)]
     assert await where_claimed(engine) == {late: "inbox_events_default"}
     assert await claim(engine, late) == set()
+
+
+async def test_a_claim_in_flight_in_the_default_partition_is_taken_over_once_it_commits(
+    engine: AsyncEngine,
+) -> None:
+    """A claim written to the default partition for a range about to be attached, still
+    uncommitted: the attach waits no longer than its lock timeout (busy), and the next pass
+    attaches the range with the claim moved into it."""
+    now = await read_db_now_ms(engine)
+    ahead = uuid7_at(now + 3 * DAY_MS)
+    async with AsyncSession(engine) as session, session.begin():
+        assert await claim_many(session, CONSUMER, [(SOURCE, ahead)]) == {(SOURCE, ahead)}
+        done = await purge_partitioned(
+            engine, consumer=CONSUMER, window_ms=7 * DAY_MS, chunk_size=100, ahead_ms=4 * DAY_MS
+        )
+        assert done.busy and (await where_claimed(engine)).get(ahead) is None  # not visible yet
+    day = (now + 3 * DAY_MS) // DAY_MS * DAY_MS
+    assert f"inbox_events_p{day}" not in await partition_names(engine)
+    done = await purge_partitioned(
+        engine, consumer=CONSUMER, window_ms=7 * DAY_MS, chunk_size=100, ahead_ms=4 * DAY_MS
+    )
+    assert f"inbox_events_p{day}" in done.created and not done.busy
+    assert (await where_claimed(engine))[ahead] == f"inbox_events_p{day}"
+    assert await claim(engine, ahead) == set()
