@@ -20,7 +20,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from outboxkit.outbox.errors import InvalidEventError
 from pydantic import BaseModel
-from uuid6 import uuid7
+from uuid_utils import uuid7
 
 JSON_CONTENT_TYPE = "application/json"
 BYTES_CONTENT_TYPE = "application/octet-stream"

@@ -22,7 +22,7 @@ from outboxkit.outbox.dialects import dialect_insert
 from outboxkit.outbox.jsonable import as_json
 from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from uuid6 import uuid7
+from uuid_utils import uuid7
 
 CHUNK = 200
 MAX_LISTED = 1000
