@@ -24,7 +24,6 @@ TABLES: frozenset[str] = frozenset(
         "dlq_replays",
         "http_idempotency_keys",
         "inbox_events",
-        "inbox_events_unpartitioned",
         "inbox_windows",
         "outbox_events",
         "outbox_relays",
@@ -38,8 +37,9 @@ TABLES: frozenset[str] = frozenset(
 """Every table outboxkit's migrations create, its version table included."""
 
 PARTITION_PREFIX = "inbox_events_"
-"""The inbox's partitions on PostgreSQL (``inbox_events_p<ms>``, ``_default``, ``_untimed``):
-tables outboxkit's consumers create and drop as time goes by."""
+"""The inbox's tables on PostgreSQL besides ``inbox_events``: its partitions
+(``inbox_events_p<ms>``, ``_default``, ``_untimed``), which consumers create and drop as time
+goes by, and ``inbox_events_unpartitioned`` (the inbox from before them)."""
 
 
 def _ours(name: str | None) -> bool:
