@@ -57,6 +57,9 @@ DAY_MS = 86_400_000
 LOCK_TIMEOUT_MS = 50
 """The longest a partition's attach or drop waits for its lock before giving up until the next
 pass; writers that queue behind the waiting lock wait at most this long too."""
+CHUNK = 1_000
+"""Claims per transaction of the chunked deletes at most (fewer if the caller asks): about
+30 ms of row locks at 5,000 claims/s on this project's 2 CPUs, where 5,000 held them 133 ms."""
 KEEP_CAP = 10_000
 """A partition with more claims than this still inside their windows is not dropped yet."""
 # An advisory lock key: one maintainer at a time among the consumers sharing the database.
@@ -315,7 +318,7 @@ async def purge_partitioned(
                     table,
                     consumer=consumer,
                     cutoff_ms=now - window_ms,
-                    chunk_size=chunk_size,
+                    chunk_size=min(chunk_size, CHUNK),
                 )
         finally:
             await connection.execute(
