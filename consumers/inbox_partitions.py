@@ -29,7 +29,9 @@ from typing import Any
 
 from outboxkit.consumers.tables import inbox_windows
 from outboxkit.outbox.dialects import POSTGRESQL
+from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.partitions import (
+    LOCK_NOT_AVAILABLE,
     Busy,
     Dropped,
     Postponed,
@@ -38,8 +40,10 @@ from outboxkit.outbox.partitions import (
     drop_range,
     range_partitions,
 )
+from outboxkit.outbox.secrecy import sqlstate
 from sqlalchemy import select, text
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("outboxkit.consumer")
@@ -223,8 +227,10 @@ async def delete_old_claims(
     chunk_size: int,
 ) -> int:
     """Delete ``table``'s claims (of ``consumer``, or all) made before ``cutoff_ms``, at most
-    ``chunk_size`` per transaction; return how many went. Each chunk reads its keys along the
-    ``processed_ms`` index, then deletes them by primary key."""
+    ``chunk_size`` per chunk; return how many went. Each chunk reads its keys along the
+    ``processed_ms`` index and deletes them by primary key, in one locked block (one statement
+    in autocommit: its row locks are released inside the server, and a lock it waits for
+    longer than :data:`LOCK_TIMEOUT_MS` ends this table's deletes until the next pass)."""
     if table not in CHUNKED:
         raise ValueError(f"not a chunk-purged inbox table: {table}")
     of_consumer = "" if consumer is None else " AND consumer = :consumer"
@@ -234,13 +240,25 @@ async def delete_old_claims(
         f" DELETE FROM {table} t USING chosen WHERE t.consumer = chosen.consumer"
         " AND t.source = chosen.source AND t.event_id = chosen.event_id"
     )
-    parameters: dict[str, Any] = {"cutoff": cutoff_ms, "chunk": chunk_size}
+    parameters: dict[str, Any] = {"cutoff": int(cutoff_ms), "chunk": int(chunk_size)}
     if consumer is not None:
         parameters["consumer"] = consumer
+    inline = statement.bindparams(**parameters).compile(
+        dialect=connection.dialect, compile_kwargs={"literal_binds": True}
+    )
+    block = POSTGRESQL.locked_block(
+        [str(inline)], lock_timeout_ms=LOCK_TIMEOUT_MS, commit_without_flush=True
+    )
+    assert block is not None  # PostgreSQL has them
     removed = 0
     while True:
-        async with connection.begin():
-            count = (await connection.execute(statement, parameters)).rowcount
+        try:
+            count = (await run_locked(connection, block)).rows
+        except DBAPIError as error:
+            if sqlstate(error) != LOCK_NOT_AVAILABLE:
+                raise
+            log.info("inbox claims of %s: a chunk's lock was not granted: next pass", table)
+            return removed
         removed += count
         if count < chunk_size:
             return removed

@@ -8,7 +8,9 @@ chosen for their locks, since writers run beside them:
   ``SHARE UPDATE EXCLUSIVE`` lock on the parent, which writers do not wait for (``CREATE TABLE
   ... PARTITION OF`` would take ``ACCESS EXCLUSIVE``), and ``ACCESS EXCLUSIVE`` on the
   ``DEFAULT`` partition while it checks that none of its rows is in the new range. Rows it
-  holds there move into the new partition first, in the same transaction;
+  holds there move into the new partition first, under the same lock: the lock, the move and
+  the attach are one statement in autocommit (:mod:`outboxkit.outbox.locked`), committed
+  inside the server with no client round trip while the lock is held;
 - **drop** takes the parent's ``ACCESS EXCLUSIVE`` lock (under a short ``lock_timeout``),
   counts the rows to keep, detaches the partition, moves those rows back into the parent (the
   ``DEFAULT`` partition catches them, their range being gone) and commits; the ``DROP TABLE``
@@ -27,6 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.secrecy import sqlstate
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -138,9 +142,11 @@ async def attach_range(
     transaction.
 
     The table and its indexes are built first, in a transaction of their own that locks
-    nothing shared; the attach's transaction then only moves those rows (if there are any)
-    and attaches, finding the indexes built and the range already checked (the table keeps
-    that ``CHECK``: the same as its bound)."""
+    nothing shared; the attach is then one locked block (:mod:`outboxkit.outbox.locked`):
+    it locks the default partition's writers out, moves the rows of the range it holds (if
+    any) and attaches, finding the indexes built and the range already checked (the table
+    keeps that ``CHECK``: the same as its bound), and commits, all inside the server with no
+    client round trip while the locks are held."""
     parent, child, column = _identifier(table), _identifier(name), _identifier(key)
     in_range = f"{column} >= {int(lower)} AND {column} < {int(upper)}"
     async with connection.begin():
@@ -148,33 +154,25 @@ async def attach_range(
         await connection.execute(
             text(f"ALTER TABLE {child} ADD CONSTRAINT {child}_range CHECK ({in_range})")
         )
+    statements = []
+    if default is not None:
+        held = _identifier(default)
+        # Writers of the default partition wait from here: none may add a row of the range
+        # between the move and the attach (which would then fail).
+        statements += [
+            f"LOCK TABLE {held} IN EXCLUSIVE MODE",
+            f"WITH moved AS (DELETE FROM {held} WHERE {in_range} RETURNING *) "
+            f"INSERT INTO {child} SELECT * FROM moved",
+        ]
+    statements.append(
+        f"ALTER TABLE {parent} ATTACH PARTITION {child} "
+        f"FOR VALUES FROM ({int(lower)}) TO ({int(upper)})"
+    )
+    block = dialect_of(connection).locked_block(statements, lock_timeout_ms=lock_timeout_ms)
+    if block is None:
+        raise ValueError("range partitions need a database with locked blocks")
     try:
-        async with connection.begin():
-            await _lock_timeout(connection, lock_timeout_ms)
-            moved = 0
-            if default is not None:
-                # Writers of the default partition wait from here: none may add a row of the
-                # range between the move and the attach (which would then fail).
-                await connection.execute(
-                    text(f"LOCK TABLE {_identifier(default)} IN EXCLUSIVE MODE")
-                )
-                fallen_in = f"SELECT 1 FROM {_identifier(default)} WHERE {in_range} LIMIT 1"
-                if (await connection.execute(text(fallen_in))).first() is not None:
-                    moved = (
-                        await connection.execute(
-                            text(
-                                f"WITH moved AS (DELETE FROM {_identifier(default)} "
-                                f"WHERE {in_range} RETURNING *) "
-                                f"INSERT INTO {child} SELECT * FROM moved"
-                            )
-                        )
-                    ).rowcount
-            await connection.execute(
-                text(
-                    f"ALTER TABLE {parent} ATTACH PARTITION {child} "
-                    f"FOR VALUES FROM ({int(lower)}) TO ({int(upper)})"
-                )
-            )
+        moved = (await run_locked(connection, block)).rows
     except BaseException as error:
         async with connection.begin():
             await connection.execute(text(f"DROP TABLE IF EXISTS {child}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, Insert, bindparam, literal_column
@@ -11,6 +12,19 @@ from sqlalchemy.sql.selectable import GenerativeSelect, TableClause
 from sqlalchemy.types import TypeEngine
 
 _Query = TypeVar("_Query", bound=GenerativeSelect)
+
+
+@dataclass(frozen=True, slots=True)
+class LockedBlock:
+    """Statements that run as one statement, under a lock timeout, and commit when it ends
+    (:meth:`Dialect.locked_block`; :func:`outboxkit.outbox.locked.run_locked` runs one)."""
+
+    sql: str
+    """The one statement, sent in autocommit: it takes no parameters."""
+    result_sql: str
+    """Reads back, on the same connection after it, what the block left in its session: the
+    sum of its statements' row counts, and the milliseconds it ran in the server from before
+    its first statement to its end (its commit excluded)."""
 
 
 class Dialect:
@@ -66,6 +80,10 @@ class Dialect:
     """Declarative range partitions that attach and detach while writers run: the inbox is
     partitioned by the time in its event ids and retention drops whole partitions
     (:mod:`outboxkit.outbox.partitions`, :mod:`outboxkit.consumers.inbox_partitions`)."""
+    locked_blocks: bool
+    """Statements can run as one statement that takes their locks only as each runs, under a
+    lock timeout set before the first, and commits when it ends (:meth:`locked_block`): no
+    client round trip while they hold their locks. Where false, they run in a transaction."""
     autovacuum: bool
     """Deleted rows leave dead tuples that a (background or plain) ``VACUUM`` makes reusable,
     without blocking reads or writes; tables take autovacuum storage parameters (``ALTER
@@ -134,4 +152,27 @@ class Dialect:
         """A condition that is true and, evaluated in a statement, lets the statement's
         transaction commit without waiting for its log to reach the disk; ``None`` where the
         database has no such setting per transaction."""
+        return None
+
+    def in_values(self, column: ColumnElement[Any], values: Sequence[int]) -> ColumnElement[bool]:
+        """``column`` in ``values`` (integers), written so that a statement compiled with
+        ``literal_binds`` (a :meth:`locked_block`'s, which takes no parameters) carries them
+        in its text: here one literal per value; one array literal where the database has
+        arrays (its parse time does not grow with one node per value)."""
+        return column.in_([int(value) for value in values])
+
+    def locked_block(
+        self,
+        statements: Sequence[str],
+        *,
+        lock_timeout_ms: int,
+        commit_without_flush: bool = False,
+    ) -> LockedBlock | None:
+        """``statements`` (SQL text, no parameters) as one statement: each takes its locks
+        when it runs, ``lock_timeout_ms`` bounds every lock wait from before the first (a
+        wait that reaches it fails the block, which changes nothing), and the block commits
+        when it ends (without waiting for its log to reach the disk with
+        ``commit_without_flush``), so its locks are taken and released inside the server with
+        no client round trip between. ``None`` where the database has none
+        (:attr:`locked_blocks` false): the caller runs the statements in a transaction."""
         return None

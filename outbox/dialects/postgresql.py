@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from outboxkit.outbox.dialects.base import Dialect, _Query
+from outboxkit.outbox.dialects.base import Dialect, LockedBlock, _Query
 from outboxkit.outbox.extras import POSTGRES
-from sqlalchemy import any_, bindparam, func, true
+from sqlalchemy import any_, bindparam, cast, func, literal, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableClause
 from sqlalchemy.types import TypeEngine
+
+# The dollar quote of a locked block's body, and the session settings it leaves its results in.
+_QUOTE = "$outboxkit_block$"
+_ROWS = "outboxkit.block_rows"
+_SERVER_MS = "outboxkit.block_ms"
 
 
 class PostgreSQL(Dialect):
@@ -38,6 +44,7 @@ class PostgreSQL(Dialect):
     url_tls = True
     file_database = False
     time_partitions = True
+    locked_blocks = True
     autovacuum = True
 
     def connect_timeout_args(self, timeout_s: float) -> dict[str, Any]:
@@ -88,3 +95,55 @@ class PostgreSQL(Dialect):
         setting = func.set_config("synchronous_commit", "off", true())
         condition: ColumnElement[bool] = setting == "off"
         return condition
+
+    def in_values(self, column: ColumnElement[Any], values: Sequence[int]) -> ColumnElement[bool]:
+        """``column = ANY(CAST('{1,2,...}' AS <type>[]))``: one string literal. A ``DO``
+        deleting by 5,000 ids (none there) ran in about 2 ms so, 13-27 ms as ``IN (1, 2,
+        ...)``, whose every value is a node to parse and coerce."""
+        array = "{" + ",".join(str(int(value)) for value in values) + "}"
+        condition: ColumnElement[bool] = column == any_(
+            cast(literal(array), postgresql.ARRAY(column.type))
+        )
+        return condition
+
+    def locked_block(
+        self,
+        statements: Sequence[str],
+        *,
+        lock_timeout_ms: int,
+        commit_without_flush: bool = False,
+    ) -> LockedBlock:
+        """A PL/pgSQL ``DO`` block, sent in autocommit: its statements take their table
+        locks when each runs (a plain statement takes them when it is parsed, before any
+        ``set_config`` in it), so the ``lock_timeout`` it sets first bounds all of them; its
+        implicit transaction commits when it ends. ``GET DIAGNOSTICS`` sums the row counts
+        into a session setting (a ``DO`` returns nothing), with the time it ran by
+        ``clock_timestamp()``."""
+        lines = [
+            f"DO {_QUOTE}",
+            "DECLARE total bigint := 0; changed bigint; started timestamptz;",
+            "BEGIN",
+            f"PERFORM set_config('lock_timeout', '{int(lock_timeout_ms)}ms', true);",
+        ]
+        if commit_without_flush:
+            lines.append("PERFORM set_config('synchronous_commit', 'off', true);")
+        lines.append("started := clock_timestamp();")
+        for statement in statements:
+            if _QUOTE in statement:
+                raise ValueError(f"a locked block's statement may not contain {_QUOTE}")
+            lines += [f"{statement};", "GET DIAGNOSTICS changed = ROW_COUNT;"]
+            lines.append("total := total + changed;")
+        lines += [
+            f"PERFORM set_config('{_ROWS}', total::text, false);",
+            f"PERFORM set_config('{_SERVER_MS}',"
+            " (extract(epoch FROM clock_timestamp() - started) * 1000)::text, false);",
+            "END",
+            _QUOTE,
+        ]
+        return LockedBlock(
+            sql="\n".join(lines),
+            result_sql=(
+                f"SELECT current_setting('{_ROWS}')::bigint,"
+                f" current_setting('{_SERVER_MS}')::float8"
+            ),
+        )

@@ -32,6 +32,7 @@ class SQLite(Dialect):
     url_tls = False
     file_database = True
     time_partitions = False
+    locked_blocks = False
     autovacuum = False
 
     def insert(self, table: TableClause) -> sqlite.Insert:

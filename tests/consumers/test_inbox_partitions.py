@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from outboxkit.consumers import inbox_partitions, purge_inbox
@@ -16,9 +17,9 @@ from outboxkit.consumers.tables import inbox_events, inbox_events_unpartitioned
 from outboxkit.migrations.runner import downgrade, upgrade
 from outboxkit.ops.inbox import lookup
 from outboxkit.outbox.clock import read_db_now_ms as read_now
-from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.partitions import attach_range, range_partitions
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import event, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 CONSUMER = "billing"
@@ -290,3 +291,44 @@ async def test_a_claim_in_flight_in_the_default_partition_is_taken_over_once_it_
     assert f"inbox_events_p{day}" in done.created and not done.busy
     assert (await where_claimed(engine))[ahead] == f"inbox_events_p{day}"
     assert await claim(engine, ahead) == set()
+
+
+async def test_an_attach_holds_no_lock_once_its_statement_returns(
+    engine: AsyncEngine, pg_url: str
+) -> None:
+    """Locking the default partition, moving its claims of the range and attaching are one
+    statement in autocommit: when its result reaches the client every lock is gone (none
+    waits for a round trip of the client's), and the claim it moved is in the partition."""
+    now = await read_db_now_ms(engine)
+    early = uuid7_at(now + 5 * DAY_MS)
+    assert await claim(engine, early) == {early}
+    observer = make_engine(pg_url)
+    locks_after_attach: list[int] = []
+
+    def count_locks(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "ATTACH PARTITION" in statement:
+            pid = connection.connection.driver_connection.get_server_pid()
+            with observer.connect() as looking:
+                held = looking.scalar(
+                    text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
+                )
+            locks_after_attach.append(int(held or 0))
+
+    event.listen(engine.sync_engine, "after_cursor_execute", count_locks)
+    day = (now + 5 * DAY_MS) // DAY_MS * DAY_MS
+    try:
+        async with engine.connect() as connection:
+            moved = await attach_range(
+                connection,
+                "inbox_events",
+                f"inbox_events_p{day}",
+                key="id_ms",
+                lower=day,
+                upper=day + DAY_MS,
+                default="inbox_events_default",
+                lock_timeout_ms=5_000,
+            )
+    finally:
+        observer.dispose()
+    assert moved == 1 and locks_after_attach == [0]
+    assert (await where_claimed(engine))[early] == f"inbox_events_p{day}"

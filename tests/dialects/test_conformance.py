@@ -8,6 +8,7 @@ an upsert target), migrated by the fixture.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -19,8 +20,13 @@ from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine, parse_url
 from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
 from outboxkit.outbox.errors import UnsupportedDatabaseError
-from sqlalchemy import func, insert, select
+from outboxkit.outbox.locked import run_locked
+from outboxkit.outbox.secrecy import sqlstate
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from tests.support.waits import scaled
 
 
 @pytest.fixture
@@ -177,3 +183,76 @@ async def test_local_timeouts_last_until_the_transaction_ends(engine: AsyncEngin
             assert tuple((await connection.execute(show)).one()) == ("150ms", "2500ms")
         async with connection.begin():
             assert tuple((await connection.execute(show)).one()) != ("150ms", "2500ms")
+
+
+async def test_a_locked_block_runs_its_statements_as_one_and_sums_their_rows(
+    engine: AsyncEngine,
+) -> None:
+    """Its statements commit together when it ends, on a connection that was outside a
+    transaction and is back at its isolation level after it; the lock timeout it set is gone
+    (PostgreSQL; elsewhere there is no block: the caller keeps its transaction)."""
+    dialect = dialect_of(engine)
+    insert_two = (
+        "INSERT INTO inbox_events (consumer, source, event_id, processed_ms)"
+        " VALUES ('c', '/s', 'e-8', 8), ('c', '/s', 'e-9', 9)"
+    )
+    block = dialect.locked_block(
+        [insert_two, "DELETE FROM inbox_events WHERE processed_ms < 3"], lock_timeout_ms=150
+    )
+    assert (block is not None) == dialect.locked_blocks
+    if block is None:
+        return
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events), [_inbox_row(f"e-{i}", processed_ms=i) for i in range(5)]
+        )
+    async with engine.connect() as connection:
+        held = await run_locked(connection, block)
+        assert held.rows == 2 + 3
+        assert await connection.get_isolation_level() == connection.default_isolation_level
+        assert held.server_ms >= 0 and held.round_trip_ms >= 0
+        async with connection.begin():  # a transaction again, with the session's settings
+            assert await connection.scalar(select(func.current_setting("lock_timeout"))) != (
+                "150ms"
+            )
+            found = await connection.execute(
+                select(inbox_events.c.processed_ms).order_by(inbox_events.c.processed_ms)
+            )
+            assert found.scalars().all() == [3, 4, 8, 9]
+
+
+async def test_a_locked_block_waits_for_a_lock_no_longer_than_its_lock_timeout(
+    engine: AsyncEngine,
+) -> None:
+    """The timeout is in force before its first statement asks for its table's lock: behind
+    an ACCESS EXCLUSIVE lock the block fails at once (lock_not_available) and changes
+    nothing; the connection is usable after it."""
+    dialect = dialect_of(engine)
+    if not dialect.locked_blocks:
+        return
+    async with engine.begin() as connection:
+        await connection.execute(insert(inbox_events), [_inbox_row("e-1", processed_ms=1)])
+    block = dialect.locked_block(["DELETE FROM inbox_events"], lock_timeout_ms=100)
+    assert block is not None
+    async with engine.connect() as holder, engine.connect() as connection:
+        await holder.execute(text("LOCK TABLE inbox_events IN ACCESS EXCLUSIVE MODE"))
+        with pytest.raises(DBAPIError) as failed:
+            await asyncio.wait_for(run_locked(connection, block), scaled(5))
+        assert sqlstate(failed.value) == "55P03"
+        await holder.rollback()
+        async with connection.begin():
+            assert await connection.scalar(select(func.count()).select_from(inbox_events)) == 1
+
+
+async def test_values_written_into_a_statement_select_the_listed_rows(engine: AsyncEngine) -> None:
+    """``in_values`` selects the same rows bound as parameters and compiled into the text."""
+    dialect = dialect_of(engine)
+    column = inbox_events.c.processed_ms
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events), [_inbox_row(f"e-{i}", processed_ms=i) for i in range(5)]
+        )
+        listed = select(column).where(dialect.in_values(column, [1, 3, 9])).order_by(column)
+        inline = listed.compile(dialect=connection.dialect, compile_kwargs={"literal_binds": True})
+        assert (await connection.execute(listed)).scalars().all() == [1, 3]
+        assert (await connection.exec_driver_sql(str(inline))).scalars().all() == [1, 3]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.purge import delete_in_chunks
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.retention import delete_published
-from sqlalchemy import func, select, text, update
+from sqlalchemy import event, func, select, text, update
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
 from tests.support.waits import scaled
@@ -99,3 +102,79 @@ async def test_a_pass_gives_up_instead_of_queueing_behind_a_table_lock(pg_url: s
     finally:
         await engine.dispose()
     assert counts_by_state(pg_url) == {"pending": 2}
+
+
+async def test_a_chunk_holds_no_lock_once_its_delete_returns(pg_url: str) -> None:
+    """The chunk's delete is one statement in autocommit: when its result reaches the client
+    its transaction has ended, so no lock waits for the client's next round trip (a process
+    descheduled before sending COMMIT would hold its row locks all that time)."""
+    write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 6})
+    engine = make_async_engine(pg_url)
+    observer = make_engine(pg_url)
+    locks_after_delete: list[int] = []
+
+    def count_locks(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "DELETE" in statement:
+            pid = connection.connection.driver_connection.get_server_pid()
+            with observer.connect() as looking:
+                held = looking.scalar(
+                    text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
+                )
+            locks_after_delete.append(int(held or 0))
+
+    event.listen(engine.sync_engine, "after_cursor_execute", count_locks)
+    try:
+        assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 6
+    finally:
+        await engine.dispose()
+        observer.dispose()
+    assert locks_after_delete == [0]
+
+
+async def test_a_chunk_gives_up_behind_a_row_lock_within_its_lock_timeout(pg_url: str) -> None:
+    """A published row locked by another transaction (nobody's usually): the chunk's delete
+    waits for it no longer than its lock timeout, deletes nothing, and the pass ends; the next
+    pass deletes every row."""
+    write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 6})
+    engine = make_async_engine(pg_url)
+    old = select(outbox_events.c.id).where(outbox_events.c.source == "/old")
+    try:
+        async with engine.connect() as holder:
+            await holder.execute(old.order_by(outbox_events.c.id.desc()).limit(1).with_for_update())
+            deleted = await asyncio.wait_for(
+                delete_published(engine, retention_ms=HOUR_MS, chunk=100), scaled(5)
+            )
+            assert deleted == 0
+            await holder.rollback()
+        assert counts_by_state(pg_url) == {"old": 6}
+        assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 6
+    finally:
+        await engine.dispose()
+
+
+async def test_a_chunk_skips_rows_another_transaction_holds_and_counts_what_it_deleted(
+    pg_url: str,
+) -> None:
+    """With ``skip_locked`` a row locked by another transaction stays for the next pass, and
+    the count is of the rows deleted, not of the ids the chunk read."""
+    write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 6})
+    engine = make_async_engine(pg_url)
+    published = outbox_events.c.published_ms
+    try:
+        async with engine.connect() as holder:
+            await holder.execute(
+                select(outbox_events.c.id).order_by(outbox_events.c.id).limit(1).with_for_update()
+            )
+            deleted = await delete_in_chunks(
+                async_sessionmaker(engine),
+                outbox_events,
+                lambda now: published < now - HOUR_MS,
+                chunk_size=100,
+                order_by=published,
+                skip_locked=True,
+            )
+            assert deleted == 5
+            await holder.rollback()
+        assert counts_by_state(pg_url) == {"old": 1}
+    finally:
+        await engine.dispose()

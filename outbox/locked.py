@@ -1,0 +1,66 @@
+"""Running a :class:`~outboxkit.outbox.dialects.base.LockedBlock`: one statement in autocommit,
+so the locks its statements take are released inside the server when it ends, with no client
+round trip while they are held (a process descheduled between a ``DELETE``'s result and its
+``COMMIT`` would hold them all that time)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from outboxkit.outbox.dialects.base import LockedBlock
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+log = logging.getLogger(__name__)
+
+AUTOCOMMIT = "AUTOCOMMIT"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a locked block did: the rows its statements changed (the sum of their row counts),
+    its round trip as the client saw it (an upper bound of its locks' hold) and the time it
+    ran in the server (its commit excluded)."""
+
+    rows: int
+    round_trip_ms: float
+    server_ms: float
+
+
+async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
+    """Send ``block`` in autocommit on ``connection``, then read its results back on the same
+    connection (one more round trip, holding no lock). ``connection`` is either in autocommit
+    already (``session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})``)
+    or outside a transaction, in which case it is put in autocommit for the block and back
+    to its isolation level after it."""
+    sync = connection.sync_connection
+    if sync is None:
+        raise ValueError("the connection is not open")
+    previous = sync.get_execution_options().get("isolation_level")
+    switch = previous != AUTOCOMMIT
+    if switch:
+        if connection.in_transaction():
+            raise ValueError("a locked block must not run inside a transaction")
+        await connection.execution_options(isolation_level=AUTOCOMMIT)
+    try:
+        started = time.perf_counter()
+        await connection.exec_driver_sql(block.sql)
+        round_trip_ms = (time.perf_counter() - started) * 1000
+        rows, server_ms = (await connection.execute(text(block.result_sql))).one()
+    finally:
+        if switch:
+            # Nothing is sent in autocommit: this ends SQLAlchemy's record of a transaction,
+            # which must be closed before the isolation level changes back.
+            await connection.rollback()
+            level = previous or connection.default_isolation_level
+            await connection.execution_options(isolation_level=level)
+    held = Held(int(rows), round_trip_ms, float(server_ms))
+    log.debug(
+        "locked block: %d rows, %.1f ms round trip, %.1f ms in the server",
+        held.rows,
+        held.round_trip_ms,
+        held.server_ms,
+    )
+    return held
