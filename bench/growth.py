@@ -334,6 +334,10 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"{figures['outbox_lock_longest_ms']:.0f} ms, inbox {figures['inbox_lock_longest_ms']:.0f}"
         f" ms (target <= {LOCK_TARGET_MS:.0f} ms); outbox p99 tx "
         f"{figures['outbox_purge_p99_ms']:.0f} ms, lock {figures['outbox_lock_p99_ms']:.0f} ms; "
+        f"inbox p99 lock {figures['inbox_lock_p99_ms']:.0f} ms; locked blocks inside the "
+        f"server: outbox longest {figures['outbox_server_longest_ms']:.0f} ms (p99 "
+        f"{figures['outbox_server_p99_ms']:.0f}), inbox longest "
+        f"{figures['inbox_server_longest_ms']:.0f} ms (p99 {figures['inbox_server_p99_ms']:.0f}); "
         f"{figures['outbox_vacuums']:.0f} outbox VACUUMs, longest "
         f"{figures['outbox_vacuum_longest_ms']:.0f} ms"
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -69,6 +70,10 @@ class InflowResult:
     inbox_purge_ms: list[float] = field(default_factory=list)
     outbox_lock_ms: list[float] = field(default_factory=list)
     inbox_lock_ms: list[float] = field(default_factory=list)
+    outbox_server_ms: list[float] = field(default_factory=list)
+    inbox_server_ms: list[float] = field(default_factory=list)
+    """How long each locked block ran inside the server (its commit excluded): the part of
+    a lock hold of :attr:`outbox_lock_ms` / :attr:`inbox_lock_ms` that is not the round trip."""
     outbox_vacuum_ms: list[float] = field(default_factory=list)
     outbox_purged: int = 0
     inbox_purged: int = 0
@@ -117,6 +122,25 @@ async def _write(
         await engine.dispose()
 
 
+class _ServerTimes(logging.Handler):
+    """Collects, from ``outboxkit.outbox.locked``'s debug records of this process, how long
+    each locked block ran inside the server."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.ms: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record's server time (its third argument)."""
+        if isinstance(record.args, tuple) and len(record.args) == 3:
+            self.ms.append(float(record.args[2]))
+
+    def take(self) -> list[float]:
+        """The times collected so far; the list starts afresh."""
+        taken, self.ms = self.ms, []
+        return taken
+
+
 async def _retain(
     url: str,
     window_s: float,
@@ -131,6 +155,12 @@ async def _retain(
     outbox rows is followed by a plain ``VACUUM`` of the outbox (timed apart: it is no
     transaction and holds no row lock)."""
     engine, timer = timed_engine(url)
+    blocks = logging.getLogger("outboxkit.outbox.locked")
+    server = _ServerTimes()
+    level, propagate = blocks.level, blocks.propagate
+    blocks.addHandler(server)
+    blocks.setLevel(logging.DEBUG)
+    blocks.propagate = False  # collected, not printed
     try:
         while not stop.is_set():
             deleted = await delete_published(engine, int(window_s * 1000), 5000)
@@ -138,6 +168,7 @@ async def _retain(
             transactions, locks = timer.take()
             result.outbox_purge_ms += transactions
             result.outbox_lock_ms += locks
+            result.outbox_server_ms += server.take()
             if vacuum and deleted >= VACUUM_AFTER:
                 result.outbox_vacuum_ms.append(await _vacuum_outbox(url))
             result.inbox_purged += await purge_inbox(
@@ -150,10 +181,14 @@ async def _retain(
             transactions, locks = timer.take()
             result.inbox_purge_ms += transactions
             result.inbox_lock_ms += locks
+            result.inbox_server_ms += server.take()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
     finally:
         result.longest_holds = timer.longest_holds(5)
+        blocks.removeHandler(server)
+        blocks.setLevel(level)
+        blocks.propagate = propagate
         await engine.dispose()
 
 
@@ -283,6 +318,11 @@ def summary(result: InflowResult) -> dict[str, float]:
         "outbox_vacuums": float(len(result.outbox_vacuum_ms)),
         "outbox_vacuum_longest_ms": max(result.outbox_vacuum_ms, default=0.0),
         "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
+        "inbox_lock_p99_ms": percentile(result.inbox_lock_ms, 99),
+        "outbox_server_longest_ms": max(result.outbox_server_ms, default=0.0),
+        "outbox_server_p99_ms": percentile(result.outbox_server_ms, 99),
+        "inbox_server_longest_ms": max(result.inbox_server_ms, default=0.0),
+        "inbox_server_p99_ms": percentile(result.inbox_server_ms, 99),
         "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
         "purge_transactions": float(len(purges)),
         "outbox_purged": float(result.outbox_purged),

@@ -278,20 +278,40 @@ async def _leaf_stats(connection: asyncpg.Connection, table: str) -> TableStats:
 
 
 _LOCKING = re.compile(r"\b(DELETE|UPDATE|INSERT|LOCK|ALTER|DROP)\b", re.IGNORECASE)
+_AUTOCOMMIT = "AUTOCOMMIT"
 
 
 def _takes_row_locks(statement: str) -> bool:
     """True for a statement that takes locks writers can wait for until the transaction ends:
     it writes rows (a CTE's ``DELETE`` too), locks them (``FOR UPDATE``) or a table (``LOCK``,
-    ``ALTER TABLE ... ATTACH/DETACH``, ``DROP``)."""
+    ``ALTER TABLE ... ATTACH/DETACH``, ``DROP``); a ``DO`` block holding such a statement."""
     return _LOCKING.search(statement) is not None
+
+
+def _head(statement: str) -> str:
+    """What names a lock hold: a statement's first 60 characters; a ``DO`` block's first
+    locking statement (its settings come first), marked ``DO:``."""
+    flat = " ".join(statement.split())
+    if flat[:3].upper() == "DO ":
+        found = _LOCKING.search(flat)
+        return "DO: " + flat[found.start() if found else 0 :].split(";")[0][:56]
+    return flat[:60]
+
+
+def _autocommit(connection: Any) -> bool:
+    return connection.get_execution_options().get("isolation_level") == _AUTOCOMMIT
 
 
 @dataclass
 class TransactionTimer:
     """Wall time of every transaction of an engine, from BEGIN to COMMIT/ROLLBACK returning,
     and how long it held locks: from its first statement that writes or locks (rows or a
-    table) to the end (the share locks of a plain SELECT block only DDL and are not counted)."""
+    table) to the end (the share locks of a plain SELECT block only DDL and are not counted).
+
+    On a connection in autocommit each statement is a transaction of its own (SQLAlchemy's
+    ``begin`` and ``commit`` there send nothing): it is timed from being sent to its result
+    returning, and a locking one (a locked ``DO`` block) counts as a lock hold for that whole
+    round trip, an upper bound of the hold inside the server."""
 
     durations_ms: list[float] = field(default_factory=list)
     locks_ms: list[float] = field(default_factory=list)
@@ -299,17 +319,29 @@ class TransactionTimer:
     """The statement each lock hold of ``locks_ms`` began with (its first 60 characters)."""
     _began: dict[int, float] = field(default_factory=dict)
     _locked: dict[int, tuple[float, str]] = field(default_factory=dict)
+    _sent: dict[int, tuple[float, str]] = field(default_factory=dict)
 
     def attach(self, engine: AsyncEngine) -> AsyncEngine:
         """Time ``engine``'s transactions from now on; return it."""
 
         def begin(connection: Any) -> None:
-            self._began[id(connection)] = time.perf_counter()
+            if not _autocommit(connection):
+                self._began[id(connection)] = time.perf_counter()
 
         def execute(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if id(connection) in self._began and _takes_row_locks(statement):
-                head = " ".join(statement.split())[:60]
-                self._locked.setdefault(id(connection), (time.perf_counter(), head))
+            if _autocommit(connection):
+                self._sent[id(connection)] = (time.perf_counter(), statement)
+            elif id(connection) in self._began and _takes_row_locks(statement):
+                self._locked.setdefault(id(connection), (time.perf_counter(), _head(statement)))
+
+        def executed(connection: Any, *args: Any) -> None:
+            sent = self._sent.pop(id(connection), None)
+            if sent is not None:
+                self._record(sent[0], sent[1])
+
+        def failed(context: Any) -> None:
+            if context.connection is not None:
+                executed(context.connection)
 
         def end(connection: Any) -> None:
             now = time.perf_counter()
@@ -323,9 +355,19 @@ class TransactionTimer:
 
         event.listen(engine.sync_engine, "begin", begin)
         event.listen(engine.sync_engine, "before_cursor_execute", execute)
+        event.listen(engine.sync_engine, "after_cursor_execute", executed)
+        event.listen(engine.sync_engine, "handle_error", failed)
         event.listen(engine.sync_engine, "commit", end)
         event.listen(engine.sync_engine, "rollback", end)
         return engine
+
+    def _record(self, sent: float, statement: str) -> None:
+        """One statement in autocommit, sent at ``sent``, has returned (or failed)."""
+        took_ms = (time.perf_counter() - sent) * 1000
+        self.durations_ms.append(took_ms)
+        if _takes_row_locks(statement):
+            self.locks_ms.append(took_ms)
+            self.lock_statements.append(_head(statement))
 
     @property
     def longest_ms(self) -> float:

@@ -1,0 +1,40 @@
+"""bench.growth's transaction timer counts a locked block, one statement in autocommit, as a
+lock hold of its whole round trip, named by its locking statement."""
+
+from __future__ import annotations
+
+from outboxkit.outbox.dialects import POSTGRESQL
+from outboxkit.outbox.locked import run_locked
+from outboxkit.relay.retention import delete_published
+from sqlalchemy import text
+
+from bench.growth_tables import timed_engine
+from tests.relay.test_retention import HOUR_MS, write_rows
+
+
+async def test_a_locked_block_is_one_lock_hold_named_by_its_statement(pg_url: str) -> None:
+    write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 3})
+    engine, timer = timed_engine(pg_url)
+    try:
+        assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 3
+        transactions, locks = timer.take()
+        # The read of the ids (a transaction, no lock), the block and its read-back.
+        assert len(transactions) == 3 and len(locks) == 1
+        assert timer.longest_holds(5)[0][1].startswith("DO: DELETE FROM outbox_events")
+        block = POSTGRESQL.locked_block(
+            ["LOCK TABLE outbox_events IN EXCLUSIVE MODE"], lock_timeout_ms=100
+        )
+        assert block is not None
+        async with engine.connect() as connection:
+            await run_locked(connection, block)
+            async with connection.begin():  # a plain transaction still counts as before
+                await connection.execute(text("DELETE FROM outbox_events"))
+        transactions, locks = timer.take()
+        assert len(transactions) == 3 and len(locks) == 2
+        named = sorted(statement for _, statement in timer.longest_holds(5))
+        assert named[0] == "DELETE FROM outbox_events"
+        assert named[1].startswith("DO: DELETE FROM outbox_events WHERE outbox_events.id")
+        assert named[2] == "DO: LOCK TABLE outbox_events IN EXCLUSIVE MODE"
+        assert all(held >= 0 for held in locks)
+    finally:
+        await engine.dispose()
