@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from outboxkit.actions.records import Lease
 from outboxkit.actions.store import ActionStore
@@ -35,6 +35,9 @@ class Heartbeat:
     A failed extension (the database unreachable) is retried at the next beat; the lease counts
     as lost once ``lease_s`` has passed since the last successful one, as the database would
     judge it.
+
+    The beating task starts at the first beat, ``interval_s`` after entering: a call that ends
+    sooner (most tool calls) costs a timer handle, not a task, and runs in its caller's task.
     """
 
     def __init__(
@@ -53,11 +56,17 @@ class Heartbeat:
         self._lease = lease
         self._lease_s = lease_s
         self._interval_s = interval_s
-        self._lost = asyncio.Event()
+        self._lost = False
+        self._first_beat: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
+        self._guarded: asyncio.Task[Any] | None = None
+        self._cancelled_guarded = False
 
     async def __aenter__(self) -> Heartbeat:
-        self._task = asyncio.create_task(self._beat(), name="outboxkit-action-heartbeat")
+        started = time.monotonic()
+        self._first_beat = asyncio.get_running_loop().call_later(
+            self._interval_s, self._start, started
+        )
         return self
 
     async def __aexit__(
@@ -66,6 +75,8 @@ class Heartbeat:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self._first_beat is not None:
+            self._first_beat.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -73,27 +84,40 @@ class Heartbeat:
     @property
     def lost(self) -> bool:
         """True once a heartbeat found the lease lost."""
-        return self._lost.is_set()
+        return self._lost
 
     async def guard(self, work: Awaitable[T]) -> T:
-        """Await ``work``; if the lease is lost first, cancel it, raise :class:`LeaseLostError`."""
-        task = asyncio.ensure_future(work)
-        lost = asyncio.ensure_future(self._lost.wait())
+        """Await ``work`` in this task; if the lease is lost first, cancel it and raise
+        :class:`LeaseLostError`. A ``work`` that swallows the cancellation and returns still
+        returns its value (the outcome is then recorded, or found stale by the store)."""
+        self._guarded = asyncio.current_task()
         try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+            value = await work
+        except asyncio.CancelledError:
+            if self._cancelled_guarded and self._guarded is not None:
+                self._guarded.uncancel()
+                raise LeaseLostError(
+                    f"lease on {self._lease.key!r} lost while the action ran"
+                ) from None
+            raise
         finally:
-            lost.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if task.cancelled() and self._lost.is_set():
-            raise LeaseLostError(f"lease on {self._lease.key!r} lost while the action ran")
-        return task.result()
+            guarded, self._guarded = self._guarded, None
+        if self._cancelled_guarded and guarded is not None:
+            guarded.uncancel()
+        return value
 
-    async def _beat(self) -> None:
-        last_ok = time.monotonic()
+    def _start(self, started: float) -> None:
+        self._first_beat = None
+        self._task = asyncio.create_task(self._beat(started), name="outboxkit-action-heartbeat")
+
+    def _lose(self) -> None:
+        self._lost = True
+        if self._guarded is not None and not self._cancelled_guarded:
+            self._cancelled_guarded = True
+            self._guarded.cancel()
+
+    async def _beat(self, last_ok: float) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
             try:
                 async with self._sessions() as session, session.begin():
                     alive = await self._store.extend_lease(session, self._lease, self._lease_s)
@@ -104,5 +128,6 @@ class Heartbeat:
                 if alive:
                     last_ok = time.monotonic()
             if not alive:
-                self._lost.set()
+                self._lose()
                 return
+            await asyncio.sleep(self._interval_s)

@@ -31,10 +31,11 @@ from outboxkit.actions.errors import (
 from outboxkit.actions.heartbeat import Heartbeat, LeaseLostError
 from outboxkit.actions.reconcile import Reconciler, reconcile_one
 from outboxkit.actions.records import Decision, DecisionKind, Lease, OperationRecord
-from outboxkit.actions.store import ActionStore, new_holder
+from outboxkit.actions.store import ActionStore, Writer, new_holder
 from outboxkit.actions.waiting import OperationWatch, watch_operation
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.driver import driver_session
 from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.outbox.secrecy import describe_error
@@ -240,10 +241,8 @@ class _Attempt:
             self.sessions, self.store, lease, lease_s=self.lease_s, interval_s=self.heartbeat_s
         )
         try:
-            async with heartbeat:
-                value = await heartbeat.guard(
-                    asyncio.wait_for(self.action(lease.idempotency_key), self.timeout_s)
-                )
+            async with heartbeat, asyncio.timeout(self.timeout_s):
+                value = await heartbeat.guard(self.action(lease.idempotency_key))
         except LeaseLostError as error:
             op = await self._settle(lease, lambda s: self.store.mark_unknown(s, lease, LOST_LEASE))
             raise ActionOutcomeUnknownError(_unknown_message(op), op) from error
@@ -340,10 +339,14 @@ async def _settle(
 
 async def _alone(
     sessions: async_sessionmaker[AsyncSession],
-    write: Callable[[AsyncSession], Awaitable[_T | None]],
+    write: Callable[[Writer], Awaitable[_T | None]],
 ) -> _T | None:
     """``write`` (one statement, or ``None`` without writing) in autocommit, where the store
-    writes alone on this database; ``None`` there too. No ``BEGIN``/``COMMIT`` round trips."""
+    writes alone on this database; ``None`` there too. No ``BEGIN``/``COMMIT`` round trips;
+    on the driver's connection where the database has ``driver_statements``."""
+    driver = driver_session(sessions)
+    if driver is not None:
+        return await write(driver)
     async with sessions() as session:
         if not dialect_of(session).autocommit_statements:
             return None

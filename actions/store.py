@@ -9,10 +9,11 @@ SQLite's serialised writers without holding row locks.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import secrets
 import socket
-import uuid
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
@@ -51,7 +52,8 @@ from outboxkit.actions.statements import (
 from outboxkit.actions.states import REPLACEABLE, State, check_transition
 from outboxkit.actions.tables import agent_operation_audit as audit
 from outboxkit.actions.tables import agent_operations as ops
-from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.dialects import Dialect, dialect_of
+from outboxkit.outbox.driver import DriverSession
 from outboxkit.outbox.together import row_parameters
 from outboxkit.outbox.writer import Outbox
 from sqlalchemy import ColumnElement, Insert, Update, insert, select, update
@@ -69,7 +71,12 @@ _RESOLUTION_TARGET = {
 
 def new_holder() -> str:
     """A lease-holder name unique to one claim attempt: host, pid and a random suffix."""
-    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{_host()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@functools.cache
+def _host() -> str:
+    return socket.gethostname()[:40]
 
 
 class ActionStore:
@@ -168,7 +175,7 @@ class ActionStore:
 
     async def claim_new(
         self,
-        session: AsyncSession,
+        session: Writer,
         *,
         tenant: str,
         key: str,
@@ -192,11 +199,11 @@ class ActionStore:
         created = await self._insert(session, tenant, key, action_type, digest, lease_ms, holder)
         return None if created is None else _execute(created)
 
-    def writes_alone(self, session: AsyncSession) -> bool:
+    def writes_alone(self, session: Writer) -> bool:
         """True when :meth:`claim_new` and :meth:`complete_running` write in one statement on
         this session's database, safe in autocommit: PostgreSQL, with an outbox of rows (WAL
         messages cannot go in a statement's CTE)."""
-        dialect = dialect_of(session)
+        dialect = _dialect(session)
         return (
             dialect.writes_in_one_statement
             and dialect.autocommit_statements
@@ -222,7 +229,7 @@ class ActionStore:
 
     async def _insert(
         self,
-        session: AsyncSession,
+        session: Writer,
         tenant: str,
         key: str,
         action_type: str,
@@ -254,7 +261,7 @@ class ActionStore:
         # None: someone else inserted it first; the caller re-reads
         return await self._write(
             session,
-            claim_insert(dialect_of(session)),
+            claim_insert(_dialect(session)),
             parameters,
             lambda created: (
                 _Change(created, None, State.PENDING, 0, events.REQUESTED, holder, "requested"),
@@ -483,7 +490,7 @@ class ActionStore:
 
     async def _finish_running(
         self,
-        session: AsyncSession,
+        session: Writer,
         lease: Lease,
         target: State,
         event_type: str,
@@ -505,9 +512,7 @@ class ActionStore:
         unchanged = tuple(
             name for name in ("external_ref", "needs_attention") if name not in values
         )
-        statement = finish_update(
-            dialect_of(session), columns, require_live_lease, unchanged, flush
-        )
+        statement = finish_update(_dialect(session), columns, require_live_lease, unchanged, flush)
         parameters = {
             **lease_parameters(lease),
             **{f"set_{name}": values[name] for name in columns},
@@ -543,7 +548,7 @@ class ActionStore:
 
     async def complete_running(
         self,
-        session: AsyncSession,
+        session: Writer,
         lease: Lease,
         *,
         result: Any = None,
@@ -897,7 +902,7 @@ class ActionStore:
 
     async def _write(
         self,
-        session: AsyncSession,
+        session: Writer,
         change: Insert | Update,
         parameters: dict[str, Any],
         changes_of: Callable[[OperationRecord], Sequence[_Change]],
@@ -912,7 +917,7 @@ class ActionStore:
         events built from ``expected`` before it runs. Otherwise the change runs first and
         they follow in the session's transaction.
         """
-        dialect = dialect_of(session)
+        dialect = _dialect(session)
         if expected is not None and dialect.writes_in_one_statement:
             changes = changes_of(expected)
             event_rows = self.outbox.rows_for(dialect, self._events(changes))
@@ -924,11 +929,16 @@ class ActionStore:
                     **row_parameters("audit", audit_rows),
                     **row_parameters("event", event_rows),
                 }
-                row = (await session.execute(statement, parameters)).mappings().first()
+                if isinstance(session, DriverSession):
+                    row = await session.first(statement, parameters)
+                else:
+                    row = (await session.execute(statement, parameters)).mappings().first()
                 if row is None:
                     return None
                 _count_transitions(changes)
                 return OperationRecord.from_row(row)
+        if isinstance(session, DriverSession):
+            raise TypeError("a DriverSession writes only what writes_alone() allows")
         row = (await session.execute(change, parameters)).mappings().first()
         if row is None:
             return None
@@ -957,6 +967,16 @@ class ActionStore:
             )
             for change in changes
         ]
+
+
+Writer = AsyncSession | DriverSession
+"""Where a store method writes: a session (in its transaction), or, for the one-statement
+writes :meth:`ActionStore.writes_alone` allows, a driver session (each statement committed
+alone)."""
+
+
+def _dialect(session: Writer) -> Dialect:
+    return dialect_of(session.dialect if isinstance(session, DriverSession) else session)
 
 
 class _Change(NamedTuple):

@@ -20,6 +20,7 @@ from outboxkit.actions.store import ActionStore
 from outboxkit.agents import AgentRun
 from outboxkit.agents.pydantic_ai import DurableAgent, DurableModel, DurableToolset
 from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.driver import DriverSession
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -46,7 +47,9 @@ def build() -> tuple[Agent[None, str], FunctionModel]:
 
 
 class RoundTrips:
-    """Counts the database round trips of an engine: each statement, BEGIN and COMMIT.
+    """Counts the database round trips of an engine: each statement, BEGIN and COMMIT, and
+    each statement sent on the driver's own connection (:class:`DriverSession`, which
+    SQLAlchemy's events do not see).
 
     SQLAlchemy fires its ``begin`` and ``commit`` events on an AUTOCOMMIT connection too, but
     sends nothing to the server there, so those are not counted.
@@ -59,6 +62,13 @@ class RoundTrips:
         event.listen(engine, "before_cursor_execute", self._one)
         for name in ("begin", "commit"):
             event.listen(engine, name, self._sent)
+        first = DriverSession.first
+
+        async def counted(driver: DriverSession, *args: Any) -> Any:
+            self.count += 1
+            return await first(driver, *args)
+
+        DriverSession.first = counted  # type: ignore[method-assign]
 
     def _one(self, *args: Any, **kwargs: Any) -> None:
         self.count += 1

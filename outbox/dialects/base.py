@@ -66,6 +66,10 @@ class Dialect:
     holds every shard."""
     autocommit_statements: bool
     """A single statement may run in autocommit (no ``BEGIN``/``COMMIT`` round trips)."""
+    driver_statements: bool
+    """The async driver's connection runs a compiled statement with positional parameters
+    (``fetchrow(sql, *args)``): the hot paths' :class:`~outboxkit.outbox.driver.DriverSession`
+    skips SQLAlchemy's session and cursor layers there."""
     writes_in_one_statement: bool
     """Data-modifying CTEs exist (``WITH changed AS (UPDATE ... RETURNING) INSERT ...``): a
     change and the rows that go with it are one statement (:mod:`outboxkit.outbox.together`)."""

@@ -39,6 +39,7 @@ class PostgreSQL(Dialect):
     array_parameters = True
     single_writer = False
     autocommit_statements = True
+    driver_statements = True
     writes_in_one_statement = True
     batch_alter_table = False
     url_tls = True

@@ -27,6 +27,7 @@ class SQLite(Dialect):
     array_parameters = False
     single_writer = True
     autocommit_statements = False
+    driver_statements = False
     writes_in_one_statement = False
     batch_alter_table = True
     url_tls = False
