@@ -42,7 +42,6 @@ from outboxkit.outbox.partitions import (
 )
 from outboxkit.outbox.secrecy import sqlstate
 from sqlalchemy import select, text
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -233,21 +232,20 @@ async def delete_old_claims(
     longer than :data:`LOCK_TIMEOUT_MS` ends this table's deletes until the next pass)."""
     if table not in CHUNKED:
         raise ValueError(f"not a chunk-purged inbox table: {table}")
-    of_consumer = "" if consumer is None else " AND consumer = :consumer"
-    statement = text(
+    # The block's variables (its values), so its text is the same for every pass.
+    of_consumer = "" if consumer is None else " AND consumer = claims_consumer"
+    statement = (
         f"WITH chosen AS (SELECT consumer, source, event_id FROM {table}"
-        f" WHERE processed_ms < :cutoff{of_consumer} ORDER BY processed_ms LIMIT :chunk)"
-        f" DELETE FROM {table} t USING chosen WHERE t.consumer = chosen.consumer"
-        " AND t.source = chosen.source AND t.event_id = chosen.event_id"
+        f" WHERE processed_ms < claims_cutoff{of_consumer} ORDER BY processed_ms"
+        f" LIMIT claims_limit) DELETE FROM {table} t USING chosen"
+        " WHERE t.consumer = chosen.consumer AND t.source = chosen.source"
+        " AND t.event_id = chosen.event_id"
     )
-    parameters: dict[str, Any] = {"cutoff": int(cutoff_ms), "chunk": int(chunk_size)}
+    values: dict[str, int | str] = {"claims_cutoff": int(cutoff_ms), "claims_limit": chunk_size}
     if consumer is not None:
-        parameters["consumer"] = consumer
-    inline = statement.bindparams(**parameters).compile(
-        dialect=connection.dialect, compile_kwargs={"literal_binds": True}
-    )
+        values["claims_consumer"] = consumer
     block = POSTGRESQL.locked_block(
-        [str(inline)], lock_timeout_ms=LOCK_TIMEOUT_MS, commit_without_flush=True
+        [statement], lock_timeout_ms=LOCK_TIMEOUT_MS, commit_without_flush=True, values=values
     )
     assert block is not None  # PostgreSQL has them
     removed = 0
@@ -265,17 +263,27 @@ async def delete_old_claims(
 
 
 async def record_window(connection: AsyncConnection, consumer: str, window_ms: int) -> None:
-    """Store ``consumer``'s window (the one its retention runs with)."""
-    async with connection.begin():
-        statement = postgresql.insert(inbox_windows).values(
-            consumer=consumer, window_ms=window_ms, seen_ms=POSTGRESQL.now_ms()
-        )
-        await connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=["consumer"],
-                set_={"window_ms": window_ms, "seen_ms": statement.excluded.seen_ms},
-            )
-        )
+    """Store ``consumer``'s window (the one its retention runs with): one locked block, so
+    the upsert's row lock is released inside the server (a lock not granted within
+    :data:`LOCK_TIMEOUT_MS` leaves the stored window to the next pass)."""
+    upsert = (
+        "INSERT INTO inbox_windows (consumer, window_ms, seen_ms)"
+        f" VALUES (window_of, window_length, {POSTGRESQL.now_ms_sql})"
+        " ON CONFLICT (consumer) DO UPDATE"
+        " SET window_ms = EXCLUDED.window_ms, seen_ms = EXCLUDED.seen_ms"
+    )
+    block = POSTGRESQL.locked_block(
+        [upsert],
+        lock_timeout_ms=LOCK_TIMEOUT_MS,
+        values={"window_of": consumer, "window_length": int(window_ms)},
+    )
+    assert block is not None  # PostgreSQL has them
+    try:
+        await run_locked(connection, block)
+    except DBAPIError as error:
+        if sqlstate(error) != LOCK_NOT_AVAILABLE:
+            raise
+        log.info("inbox window of %s not stored: its row's lock was not granted", consumer)
 
 
 async def purge_partitioned(

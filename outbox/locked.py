@@ -30,8 +30,10 @@ class Held:
 
 
 async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
-    """Send ``block`` in autocommit on ``connection``, then read its results back on the same
-    connection (one more round trip, holding no lock). ``connection`` is either in autocommit
+    """Send ``block`` in autocommit on ``connection`` (its values first, if it has any), then
+    read its results back on the same connection: each one more round trip, holding no lock.
+    A pooler must keep these statements on one server session (PgBouncer's session mode, not
+    its transaction mode). ``connection`` is either in autocommit
     already (``session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})``)
     or outside a transaction, in which case it is put in autocommit for the block and back
     to its isolation level after it."""
@@ -45,6 +47,8 @@ async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
             raise ValueError("a locked block must not run inside a transaction")
         await connection.execution_options(isolation_level=AUTOCOMMIT)
     try:
+        if block.values_sql is not None:
+            await connection.execute(text(block.values_sql), block.values)
         started = time.perf_counter()
         await connection.exec_driver_sql(block.sql)
         round_trip_ms = (time.perf_counter() - started) * 1000

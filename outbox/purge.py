@@ -39,7 +39,6 @@ from sqlalchemy import (
     Table,
     bindparam,
     delete,
-    literal,
     select,
 )
 from sqlalchemy.exc import DBAPIError
@@ -217,8 +216,9 @@ class _Chunks:
             return rows, 0, 0.0
         dialect = dialect_of(session)
         assert self.clock is not None  # read by the chunk above
-        selected = self.condition(literal(self.clock, BigInteger))
-        by_id = dialect.in_values(self.table.c.id, [row[0] for row in rows])
+        # The block's values, not its text: the same text for every chunk (locked_block).
+        selected = self.condition(dialect.block_value("chunk_now", BigInteger()))
+        by_id = dialect.in_block_list(self.table.c.id, "chunk_ids")
         statement = delete(self.table).where(by_id, selected)
         if skip_locked:
             unlocked = dialect.claim_skip_locked(select(self.table.c.id).where(by_id, selected))
@@ -226,7 +226,10 @@ class _Chunks:
         connection = await session.connection(execution_options={"isolation_level": AUTOCOMMIT})
         sql = statement.compile(dialect=connection.dialect, compile_kwargs={"literal_binds": True})
         block = dialect.locked_block(
-            [str(sql)], lock_timeout_ms=self.pacing.lock_timeout_ms, commit_without_flush=True
+            [str(sql)],
+            lock_timeout_ms=self.pacing.lock_timeout_ms,
+            commit_without_flush=True,
+            values={"chunk_now": self.clock, "chunk_ids": [row[0] for row in rows]},
         )
         if block is None:
             raise ValueError(f"{dialect.title} has no locked blocks")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, Insert, bindparam, literal_column
@@ -12,6 +12,10 @@ from sqlalchemy.sql.selectable import GenerativeSelect, TableClause
 from sqlalchemy.types import TypeEngine
 
 _Query = TypeVar("_Query", bound=GenerativeSelect)
+
+
+BlockValue = int | str | Sequence[int]
+"""A value given to a locked block: an integer, a string or a list of integers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,11 @@ class LockedBlock:
     """Reads back, on the same connection after it, what the block left in its session: the
     sum of its statements' row counts, and the milliseconds it ran in the server from before
     its first statement to its end (its commit excluded)."""
+    values_sql: str | None = None
+    """Hands the block its values, on the same connection just before it (bound as
+    :attr:`values`); ``None`` when it has none."""
+    values: dict[str, str] = field(default_factory=dict)
+    """The parameters of :attr:`values_sql`."""
 
 
 class Dialect:
@@ -158,25 +167,30 @@ class Dialect:
         database has no such setting per transaction."""
         return None
 
-    def in_values(self, column: ColumnElement[Any], values: Sequence[int]) -> ColumnElement[bool]:
-        """``column`` in ``values`` (integers), written so that a statement compiled with
-        ``literal_binds`` (a :meth:`locked_block`'s, which takes no parameters) carries them
-        in its text: here one literal per value; one array literal where the database has
-        arrays (its parse time does not grow with one node per value)."""
-        return column.in_([int(value) for value in values])
-
     def locked_block(
         self,
         statements: Sequence[str],
         *,
         lock_timeout_ms: int,
         commit_without_flush: bool = False,
+        values: Mapping[str, BlockValue] | None = None,
     ) -> LockedBlock | None:
         """``statements`` (SQL text, no parameters) as one statement: each takes its locks
         when it runs, ``lock_timeout_ms`` bounds every lock wait from before the first (a
         wait that reaches it fails the block, which changes nothing), and the block commits
         when it ends (without waiting for its log to reach the disk with
         ``commit_without_flush``), so its locks are taken and released inside the server with
-        no client round trip between. ``None`` where the database has none
-        (:attr:`locked_blocks` false): the caller runs the statements in a transaction."""
+        no client round trip between. ``values`` are variables the statements name (plain
+        lower-case names), handed over beside the block's text, which does not change with
+        them. ``None`` where the database has none (:attr:`locked_blocks` false): the caller
+        runs the statements in a transaction."""
         return None
+
+    def block_value(self, name: str, type_: TypeEngine[Any]) -> ColumnElement[Any]:
+        """The value ``name`` given to a locked block (:meth:`locked_block`'s ``values``), as
+        its statements name it."""
+        raise NotImplementedError(f"{self.title} has no locked blocks")
+
+    def in_block_list(self, column: ColumnElement[Any], name: str) -> ColumnElement[bool]:
+        """``column`` in the list of integers given to a locked block as ``name``."""
+        raise NotImplementedError(f"{self.title} has no locked blocks")

@@ -332,3 +332,34 @@ async def test_an_attach_holds_no_lock_once_its_statement_returns(
         observer.dispose()
     assert moved == 1 and locks_after_attach == [0]
     assert (await where_claimed(engine))[early] == f"inbox_events_p{day}"
+
+
+async def test_the_window_one_consumer_recorded_applies_in_another_consumers_pass(
+    engine: AsyncEngine,
+) -> None:
+    """A runtime's pass records its consumer's window (a locked block): the next pass, of
+    another consumer, forgets that consumer's claims older than it instead of keeping them
+    all as a consumer's without retention."""
+    await purge_partitioned(
+        engine, consumer="audit", window_ms=2 * HOUR_MS, chunk_size=100, ahead_ms=HOUR_MS
+    )
+    now = await read_db_now_ms(engine)
+    old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
+    partition = await attach_day(engine, old_day)
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events),
+            [
+                {
+                    "consumer": consumer,
+                    "source": SOURCE,
+                    "event_id": uuid7_at(old_day + n),
+                    "processed_ms": now - 3 * HOUR_MS,
+                    "id_ms": old_day + n,
+                }
+                for consumer in (CONSUMER, "audit")
+                for n in range(2)
+            ],
+        )
+    done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
+    assert [(d.name, d.rows, d.kept) for d in done.dropped] == [(partition, 4, 0)]

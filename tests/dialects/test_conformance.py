@@ -22,7 +22,7 @@ from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
 from outboxkit.outbox.errors import UnsupportedDatabaseError
 from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.secrecy import sqlstate
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import BigInteger, String, delete, func, insert, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -244,15 +244,34 @@ async def test_a_locked_block_waits_for_a_lock_no_longer_than_its_lock_timeout(
             assert await connection.scalar(select(func.count()).select_from(inbox_events)) == 1
 
 
-async def test_values_written_into_a_statement_select_the_listed_rows(engine: AsyncEngine) -> None:
-    """``in_values`` selects the same rows bound as parameters and compiled into the text."""
+async def test_a_locked_block_takes_its_values_beside_its_text(engine: AsyncEngine) -> None:
+    """A list of integers, an integer and a string (quotes and all) reach the statements as
+    values; the block's text does not change with them."""
     dialect = dialect_of(engine)
-    column = inbox_events.c.processed_ms
+    if not dialect.locked_blocks:
+        return
     async with engine.begin() as connection:
-        await connection.execute(
-            insert(inbox_events), [_inbox_row(f"e-{i}", processed_ms=i) for i in range(5)]
-        )
-        listed = select(column).where(dialect.in_values(column, [1, 3, 9])).order_by(column)
-        inline = listed.compile(dialect=connection.dialect, compile_kwargs={"literal_binds": True})
-        assert (await connection.execute(listed)).scalars().all() == [1, 3]
-        assert (await connection.exec_driver_sql(str(inline))).scalars().all() == [1, 3]
+        rows = [_inbox_row(f"e-{i}", processed_ms=i) for i in range(5)]
+        await connection.execute(insert(inbox_events), [*rows, _inbox_row("o'e", 3)])
+    columns = inbox_events.c
+    statement = delete(inbox_events).where(
+        dialect.in_block_list(columns.processed_ms, "v_listed"),
+        columns.processed_ms < dialect.block_value("v_below", BigInteger()),
+        columns.event_id != dialect.block_value("v_spared", String()),
+    )
+    async with engine.connect() as connection:
+        sql = str(statement.compile(dialect=connection.dialect))
+        blocks = [
+            dialect.locked_block(
+                [sql],
+                lock_timeout_ms=100,
+                values={"v_listed": listed, "v_below": 4, "v_spared": "o'e"},
+            )
+            for listed in ([1, 3, 9], [0, 1, 2, 3, 4])
+        ]
+        assert blocks[0] is not None and blocks[1] is not None
+        assert blocks[0].sql == blocks[1].sql
+        assert (await run_locked(connection, blocks[0])).rows == 2  # e-1, e-3
+        async with connection.begin():
+            left = await connection.execute(select(columns.event_id).order_by(columns.event_id))
+            assert left.scalars().all() == ["e-0", "e-2", "e-4", "o'e"]
