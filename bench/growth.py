@@ -308,6 +308,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         "target_rate": args.inflow_rate,
         "window_s": args.inflow_window,
         "longest_holds": result.longest_holds,
+        "inbox_longest_holds": sorted(result.inbox_holds, reverse=True)[:5],
         "vacuum": args.inflow_vacuum,
         "samples": [
             {
@@ -341,8 +342,14 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"{figures['outbox_vacuums']:.0f} outbox VACUUMs, longest "
         f"{figures['outbox_vacuum_longest_ms']:.0f} ms"
     )
+    print(
+        f"  the bench's event loop woke late: p99 {figures['loop_lag_p99_ms']:.0f} ms, "
+        f"longest {figures['loop_lag_longest_ms']:.0f} ms"
+    )
     for held_ms, statement in result.longest_holds:
         print(f"  lock held {held_ms:6.0f} ms from: {statement}")
+    for held_ms, statement in sorted(result.inbox_holds, reverse=True)[:5]:
+        print(f"  inbox lock held {held_ms:6.0f} ms from: {statement}")
 
 
 def _sizes(text: str) -> list[int]:

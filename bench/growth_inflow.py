@@ -3,12 +3,13 @@ mode) and consumed (inbox + batch handler), while the outbox retention and the i
 slide; table sizes are printed every interval and each retention transaction is timed.
 
 The relay and the consumer run as processes of their own (``outboxkit relay``, ``outboxkit
-consume bench.consumer_app:app``). Their own retention loops find nothing to delete (the
-relay's window is ten times longer, the bench app has none) and the bench runs the same
-functions (``relay.retention.delete_published``, ``consumers.inbox.purge_inbox`` with the
-partitions attached ahead, as a consumer's retention pass does) on an engine of its own, so
-each of their transactions is timed alone (BEGIN to COMMIT returning:
-the longest any of them can have held a lock).
+consume bench.consumer_app:app``), and so does the writer (:func:`_writer`). The relay's and
+the consumer's own retention loops find nothing to delete (the relay's window is ten times
+longer, the bench app has none) and the bench runs the same functions
+(``relay.retention.delete_published``, ``consumers.inbox.purge_inbox`` with the partitions
+attached ahead, as a consumer's retention pass does) on an engine of its own, so each of their
+transactions is timed alone (BEGIN to COMMIT returning, or a statement in autocommit from
+being sent to its result: the longest any of them can have held a lock).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
 import tempfile
 import time
@@ -80,6 +82,11 @@ class InflowResult:
     longest_holds: list[tuple[float, str]] = field(default_factory=list)
     """The five longest lock holds of retention (outbox and inbox), each with the statement
     it began with."""
+    inbox_holds: list[tuple[float, str]] = field(default_factory=list)
+    """Every lock hold of the inbox's retention, with the statement it began with."""
+    loop_lag_ms: list[float] = field(default_factory=list)
+    """How late the bench's event loop (the writer's and the retention's) woke a 10 ms sleep:
+    time a retention statement's result waited to be seen, counted in its hold."""
 
     @property
     def write_rate(self) -> float:
@@ -92,10 +99,9 @@ class InflowResult:
         return self.consumed / self.seconds
 
 
-async def _write(
-    url: str, topic: str, rate: float, written: list[int], stop: asyncio.Event
-) -> None:
-    """Commit ``rate * TICK_S`` outbox rows every tick until ``stop``, counting in ``written``."""
+async def _write(url: str, topic: str, rate: float, written: Any, stop: Any) -> None:
+    """Commit ``rate * TICK_S`` outbox rows every tick until ``stop`` (a process event) is
+    set, counting in ``written`` (a shared integer)."""
     engine = make_async_engine(url)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     outbox = Outbox(default_topic=topic)
@@ -108,18 +114,25 @@ async def _write(
                 new_event(
                     EVENT_TYPE,
                     "/growth",
-                    {"seq": written[0] + n, "fill": filler},
+                    {"seq": written.value + n, "fill": filler},
                     partitionkey=f"k{n % 100}",
                 )
                 for n in range(per_tick)
             ]
             async with sessions() as session, session.begin():
                 await outbox.add_all_async(session, events)
-            written[0] += per_tick
+            written.value += per_tick
             next_tick += TICK_S
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
     finally:
         await engine.dispose()
+
+
+def _writer(url: str, topic: str, rate: float, written: Any, stop: Any) -> None:
+    """The writer's process: :func:`_write` on an event loop of its own. Beside the retention
+    in the bench's loop, building its events held that loop up to 179 ms (p99 90 ms), and a
+    retention statement's result waited that long to be seen: time counted in its hold."""
+    asyncio.run(_write(url, topic, rate, written, stop))
 
 
 class _ServerTimes(logging.Handler):
@@ -181,6 +194,8 @@ async def _retain(
             transactions, locks = timer.take()
             result.inbox_purge_ms += transactions
             result.inbox_lock_ms += locks
+            statements = timer.lock_statements[len(timer.lock_statements) - len(locks) :]
+            result.inbox_holds += zip(locks, statements, strict=True)
             result.inbox_server_ms += server.take()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
@@ -190,6 +205,14 @@ async def _retain(
         blocks.setLevel(level)
         blocks.propagate = propagate
         await engine.dispose()
+
+
+async def _loop_lag(lags: list[float], stop: asyncio.Event) -> None:
+    """Sleep 10 ms at a time until ``stop``, keeping how late each wake-up was."""
+    while not stop.is_set():
+        began = time.perf_counter()
+        await asyncio.sleep(0.01)
+        lags.append(max(0.0, (time.perf_counter() - began) * 1000 - 10))
 
 
 async def _vacuum_outbox(url: str) -> float:
@@ -252,27 +275,38 @@ async def inflow(
     children = _processes(url, bootstrap, topic, window_s, logs)
     result = InflowResult(seconds=seconds, written=0, consumed=0, window_s=window_s)
     stop = asyncio.Event()
-    written = [0]
+    processes = multiprocessing.get_context("spawn")
+    written = processes.Value("q", 0)
+    stop_writing = processes.Event()
+    writer = processes.Process(
+        target=_writer, args=(url, topic, rate, written, stop_writing), daemon=True
+    )
     try:
         await wait_for_log(logs / "consumer.log", "partitions assigned", 120)
-        writer = asyncio.create_task(_write(url, topic, rate, written, stop))
+        writer.start()
+        deadline = time.monotonic() + 60
+        while written.value == 0:  # the writer's process has started and made its first tick
+            if time.monotonic() > deadline or not writer.is_alive():
+                raise RuntimeError("the writer's process did not start writing")
+            await asyncio.sleep(0.05)
         retention = asyncio.create_task(
             _retain(url, window_s, retention_every_s, result, stop, vacuum=vacuum)
         )
+        lag = asyncio.create_task(_loop_lag(result.loop_lag_ms, stop))
         began = time.monotonic()
         try:
             while time.monotonic() - began < seconds:
                 await asyncio.sleep(min(sample_s, max(0.0, seconds - (time.monotonic() - began))))
-                for task in (writer, retention):
-                    if task.done():
-                        task.result()
-                        raise RuntimeError("a part of the inflow run stopped on its own")
+                if retention.done():
+                    retention.result()
+                if retention.done() or not writer.is_alive():
+                    raise RuntimeError("a part of the inflow run stopped on its own")
                 for child in children:
                     if child.poll() is not None:
                         raise RuntimeError(f"a bench process exited; see {logs}")
                 sample = Sample(
                     at_s=round(time.monotonic() - began),
-                    written=written[0],
+                    written=written.value,
                     consumed=await _applied(url),
                     outbox=await table_stats(url, "outbox_events"),
                     inbox=await table_stats(url, "inbox_events"),
@@ -291,12 +325,16 @@ async def inflow(
                 )
         finally:
             stop.set()
-            await writer
+            stop_writing.set()
+            await asyncio.to_thread(writer.join, 60)
             await retention
+            await lag
         result.seconds = time.monotonic() - began
-        result.written = written[0]
+        result.written = written.value
         result.consumed = await _applied(url)
     finally:
+        if writer.is_alive():
+            writer.terminate()
         for child in children:
             terminate(child)
     return result
@@ -319,6 +357,8 @@ def summary(result: InflowResult) -> dict[str, float]:
         "outbox_vacuum_longest_ms": max(result.outbox_vacuum_ms, default=0.0),
         "inbox_lock_longest_ms": max(result.inbox_lock_ms, default=0.0),
         "inbox_lock_p99_ms": percentile(result.inbox_lock_ms, 99),
+        "loop_lag_p99_ms": percentile(result.loop_lag_ms, 99),
+        "loop_lag_longest_ms": max(result.loop_lag_ms, default=0.0),
         "outbox_server_longest_ms": max(result.outbox_server_ms, default=0.0),
         "outbox_server_p99_ms": percentile(result.outbox_server_ms, 99),
         "inbox_server_longest_ms": max(result.inbox_server_ms, default=0.0),
