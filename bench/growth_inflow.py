@@ -73,6 +73,8 @@ class InflowResult:
     outbox_lock_ms: list[float] = field(default_factory=list)
     inbox_lock_ms: list[float] = field(default_factory=list)
     outbox_server_ms: list[float] = field(default_factory=list)
+    outbox_block_rows: list[int] = field(default_factory=list)
+    """The rows each of :attr:`outbox_server_ms`'s blocks deleted."""
     inbox_server_ms: list[float] = field(default_factory=list)
     """How long each locked block ran inside the server (its commit excluded): the part of
     a lock hold of :attr:`outbox_lock_ms` / :attr:`inbox_lock_ms` that is not the round trip."""
@@ -137,20 +139,23 @@ def _writer(url: str, topic: str, rate: float, written: Any, stop: Any) -> None:
 
 class _ServerTimes(logging.Handler):
     """Collects, from ``outboxkit.outbox.locked``'s debug records of this process, how long
-    each locked block ran inside the server."""
+    each locked block ran inside the server, and how many rows it changed."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.ms: list[float] = []
+        self.rows: list[int] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Keep the record's server time (its third argument)."""
+        """Keep the record's server time (its third argument) and rows (its first)."""
         if isinstance(record.args, tuple) and len(record.args) == 3:
+            self.rows.append(int(record.args[0]))
             self.ms.append(float(record.args[2]))
 
-    def take(self) -> list[float]:
-        """The times collected so far; the list starts afresh."""
-        taken, self.ms = self.ms, []
+    def take(self) -> tuple[list[float], list[int]]:
+        """The times and rows collected so far; the lists start afresh."""
+        taken = (self.ms, self.rows)
+        self.ms, self.rows = [], []
         return taken
 
 
@@ -181,7 +186,9 @@ async def _retain(
             transactions, locks = timer.take()
             result.outbox_purge_ms += transactions
             result.outbox_lock_ms += locks
-            result.outbox_server_ms += server.take()
+            times, rows = server.take()
+            result.outbox_server_ms += times
+            result.outbox_block_rows += rows
             if vacuum and deleted >= VACUUM_AFTER:
                 result.outbox_vacuum_ms.append(await _vacuum_outbox(url))
             result.inbox_purged += await purge_inbox(
@@ -196,7 +203,7 @@ async def _retain(
             result.inbox_lock_ms += locks
             statements = timer.lock_statements[len(timer.lock_statements) - len(locks) :]
             result.inbox_holds += zip(locks, statements, strict=True)
-            result.inbox_server_ms += server.take()
+            result.inbox_server_ms += server.take()[0]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
     finally:
@@ -361,6 +368,13 @@ def summary(result: InflowResult) -> dict[str, float]:
         "loop_lag_longest_ms": max(result.loop_lag_ms, default=0.0),
         "outbox_server_longest_ms": max(result.outbox_server_ms, default=0.0),
         "outbox_server_p99_ms": percentile(result.outbox_server_ms, 99),
+        "outbox_block_rows_p50": percentile([float(n) for n in result.outbox_block_rows], 50),
+        "outbox_block_rows_longest_held": float(
+            max(
+                zip(result.outbox_server_ms, result.outbox_block_rows, strict=True),
+                default=(0.0, 0),
+            )[1]
+        ),
         "inbox_server_longest_ms": max(result.inbox_server_ms, default=0.0),
         "inbox_server_p99_ms": percentile(result.inbox_server_ms, 99),
         "lock_p99_ms": percentile(result.outbox_lock_ms + result.inbox_lock_ms, 99),
