@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from outboxkit.outbox.dialects import dialect_of
 from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -83,28 +83,47 @@ class DriverSession:
         compiled = _compile(statement, self.dialect)
         arguments = compiled.arguments(parameters)
         async with self.engine.connect() as connection:
-            pooled = await connection.get_raw_connection()
-            driver = pooled.driver_connection
-            if driver is None:  # only a connection already invalidated has none
-                raise RuntimeError("the pool handed out a connection without a driver")
-            try:
-                return await driver.fetchrow(compiled.sql, *arguments)
-            except asyncio.CancelledError:
-                await connection.invalidate()  # its reply may still be on the way: not pooled
-                raise
-            except Exception as error:
-                closed = bool(driver.is_closed())
-                if closed:
-                    await connection.invalidate(error)
-                raise DBAPIError.instance(
-                    compiled.sql,
-                    None,
-                    error,
-                    Exception,
-                    hide_parameters=True,
-                    connection_invalidated=closed,
-                    dialect=self.dialect,
-                ) from error
+            return await _on_driver(
+                connection, compiled.sql, lambda driver: driver.fetchrow(compiled.sql, *arguments)
+            )
+
+
+async def send_script(connection: AsyncConnection, script: str) -> str:
+    """Send ``script``, statements separated by ``;`` and no parameters, as one message on
+    ``connection``'s driver connection (asyncpg's simple query protocol; ``connection`` in
+    autocommit): the server runs them in one implicit transaction, on one server session
+    (through a transaction-mode pooler too), and commits when the last ends. Returns the
+    last statement's status (``DELETE 42``). Errors as :meth:`DriverSession.first`'s."""
+    return str(await _on_driver(connection, script, lambda driver: driver.execute(script)))
+
+
+async def _on_driver(
+    connection: AsyncConnection, sql: str, call: Callable[[Any], Awaitable[Any]]
+) -> Any:
+    """``call(driver_connection)``; a driver error raised as a :class:`DBAPIError`
+    (parameters hidden), a connection closed or cancelled under it invalidated."""
+    pooled = await connection.get_raw_connection()
+    driver = pooled.driver_connection
+    if driver is None:  # only a connection already invalidated has none
+        raise RuntimeError("the pool handed out a connection without a driver")
+    try:
+        return await call(driver)
+    except asyncio.CancelledError:
+        await connection.invalidate()  # its reply may still be on the way: not pooled
+        raise
+    except Exception as error:
+        closed = bool(driver.is_closed())
+        if closed:
+            await connection.invalidate(error)
+        raise DBAPIError.instance(
+            sql,
+            None,
+            error,
+            Exception,
+            hide_parameters=True,
+            connection_invalidated=closed,
+            dialect=connection.dialect,
+        ) from error
 
 
 def driver_session(sessions: async_sessionmaker[AsyncSession]) -> DriverSession | None:
@@ -117,4 +136,4 @@ def driver_session(sessions: async_sessionmaker[AsyncSession]) -> DriverSession 
     return DriverSession(engine)
 
 
-__all__ = ["DriverSession", "driver_session"]
+__all__ = ["DriverSession", "driver_session", "send_script"]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from outboxkit.outbox.db import make_async_engine
-from outboxkit.outbox.driver import DriverSession, driver_session
+from outboxkit.outbox.driver import DriverSession, driver_session, send_script
 from outboxkit.outbox.secrecy import sqlstate
 from sqlalchemy import (
     Boolean,
@@ -155,3 +155,36 @@ async def test_a_statement_cancelled_in_flight_is_not_pooled_half_read(
         await task
     after = (await driver.first(backend, {}))[0]
     assert after != before
+
+
+async def test_a_script_is_one_transaction_its_local_settings_bound_it(
+    engine: AsyncEngine, pg_url: str
+) -> None:
+    """``SET LOCAL`` in a script holds for its statements only; a lock it cannot get within
+    the script's lock timeout fails the whole script, SQLSTATE 55P03, and nothing of it stays."""
+    driver = DriverSession(engine)
+    for name in ("a", "b", "c"):
+        await driver.first(INSERT, {"name": name, "payload": b"x"})
+    delete_a = "DELETE FROM driver_notes WHERE name = 'a'"
+    async with engine.connect() as connection:
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        status = await send_script(connection, f"SET LOCAL lock_timeout = '100ms'; {delete_a}")
+        assert status == "DELETE 1"
+        assert (await connection.execute(text("SHOW lock_timeout"))).scalar() == "0"
+    holder = make_async_engine(pg_url)
+    try:
+        async with holder.connect() as holding, holding.begin():
+            await holding.execute(text("SELECT 1 FROM driver_notes WHERE name = 'c' FOR UPDATE"))
+            async with engine.connect() as connection:
+                await connection.execution_options(isolation_level="AUTOCOMMIT")
+                script = (
+                    "SET LOCAL lock_timeout = '100ms';"
+                    " DELETE FROM driver_notes WHERE name = 'b';"
+                    " DELETE FROM driver_notes WHERE name = 'c'"
+                )
+                with pytest.raises(DBAPIError) as raised:
+                    await send_script(connection, script)
+                assert sqlstate(raised.value) == "55P03"  # lock_not_available
+    finally:
+        await holder.dispose()
+    assert await _count(engine) == 2  # b and c: the failed script deleted neither
