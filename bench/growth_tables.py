@@ -15,11 +15,12 @@ from typing import Any
 
 import asyncpg
 from outboxkit.consumers.inbox_partitions import DAY_MS
+from outboxkit.outbox import locked
 from outboxkit.outbox.db import make_async_engine
 from outboxkit.outbox.partitions import attach_range, range_partitions
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 COPY_CHUNK = 100_000
 # Realistic inbox keys: a few consumers, a few dozen producing services, UUIDv7 event ids.
@@ -292,7 +293,9 @@ def _head(statement: str) -> str:
     """What names a lock hold: a statement's first 60 characters; a ``DO`` block's first
     locking statement (its settings come first), marked ``DO:``."""
     flat = " ".join(statement.split())
-    if flat[:3].upper() == "DO ":
+    block = flat.find("DO $")  # a locked block's values come before it in its message
+    if flat[:3].upper() == "DO " or block > 0:
+        flat = flat[max(block, 0) :]
         found = _LOCKING.search(flat)
         return "DO: " + flat[found.start() if found else 0 :].split(";")[0][:56]
     return flat[:60]
@@ -353,6 +356,20 @@ class TransactionTimer:
                 self.locks_ms.append((now - locked[0]) * 1000)
                 self.lock_statements.append(locked[1])
 
+        # A locked block goes to the driver as one message, which SQLAlchemy's events do not
+        # see: its round trip is timed around outboxkit.outbox.locked's send_script.
+        sent_alone = locked.send_script
+
+        async def timed_script(connection: AsyncConnection, script: str) -> str:
+            if connection.sync_engine is not engine.sync_engine:
+                return await sent_alone(connection, script)
+            sent = time.perf_counter()
+            try:
+                return await sent_alone(connection, script)
+            finally:
+                self._record(sent, script)
+
+        locked.send_script = timed_script
         event.listen(engine.sync_engine, "begin", begin)
         event.listen(engine.sync_engine, "before_cursor_execute", execute)
         event.listen(engine.sync_engine, "after_cursor_execute", executed)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from outboxkit.outbox.dialects.base import LockedBlock
+from outboxkit.outbox.driver import send_script
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -30,10 +31,12 @@ class Held:
 
 
 async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
-    """Send ``block`` in autocommit on ``connection`` (its values first, if it has any), then
-    read its results back on the same connection: each one more round trip, holding no lock.
-    A pooler must keep these statements on one server session (PgBouncer's session mode, not
-    its transaction mode). ``connection`` is either in autocommit
+    """Send ``block`` in autocommit on ``connection``, its values first in the same message
+    (:func:`~outboxkit.outbox.driver.send_script`: one transaction on one server session), then
+    read its results back on the same connection: one more round trip, holding no lock.
+    Through a transaction-mode pooler (PgBouncer's) that read may reach another server
+    session and report another block's counts: what the block did is unaffected, only the
+    figures it reports. ``connection`` is either in autocommit
     already (``session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})``)
     or outside a transaction, in which case it is put in autocommit for the block and back
     to its isolation level after it."""
@@ -47,10 +50,9 @@ async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
             raise ValueError("a locked block must not run inside a transaction")
         await connection.execution_options(isolation_level=AUTOCOMMIT)
     try:
-        if block.values_sql is not None:
-            await connection.execute(text(block.values_sql), block.values)
+        script = block.sql if block.values_sql is None else f"{block.values_sql};\n{block.sql}"
         started = time.perf_counter()
-        await connection.exec_driver_sql(block.sql)
+        await send_script(connection, script)
         round_trip_ms = (time.perf_counter() - started) * 1000
         rows, server_ms = (await connection.execute(text(block.result_sql))).one()
     finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, Insert, bindparam, literal_column
@@ -30,10 +30,9 @@ class LockedBlock:
     sum of its statements' row counts, and the milliseconds it ran in the server from before
     its first statement to its end (its commit excluded)."""
     values_sql: str | None = None
-    """Hands the block its values, on the same connection just before it (bound as
-    :attr:`values`); ``None`` when it has none."""
-    values: dict[str, str] = field(default_factory=dict)
-    """The parameters of :attr:`values_sql`."""
+    """Hands the block its values, in settings local to its transaction: sent in the same
+    message just before it (its values written in it as literals); ``None`` when it has
+    none."""
 
 
 class Dialect:

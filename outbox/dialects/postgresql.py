@@ -116,13 +116,15 @@ class PostgreSQL(Dialect):
         into a session setting (a ``DO`` returns nothing), with the time it ran by
         ``clock_timestamp()``.
 
-        A ``DO`` takes no parameters: ``values`` travel in session settings that one
-        parameterized statement sets just before it, and the block declares them as its
-        variables (``bigint``, ``text`` or ``bigint[]``), which PL/pgSQL binds into its
-        statements as parameters. So the block's text is the same for every chunk: asyncpg
-        prepares it once per connection (text written anew each time is prepared anew, one
-        more round trip), and ``pg_stat_statements``, which tracks a ``DO`` by its text, keeps
-        one entry for it instead of one per chunk."""
+        A ``DO`` takes no parameters: ``values`` travel in settings local to the block's
+        transaction, set by a ``SELECT set_config(..., true)`` sent in the same message just
+        before it (:func:`~outboxkit.outbox.driver.send_script`: one implicit transaction, on
+        one server session even through a transaction-mode pooler, so no other block's values
+        can be read), and the block declares them as its variables (``bigint``, ``text`` or
+        ``bigint[]``), which PL/pgSQL binds into its statements as parameters. So the block's
+        text is the same for every chunk, and ``pg_stat_statements``, which tracks a ``DO`` by
+        its text, keeps one entry for it instead of one per chunk (it files the ``SELECT`` by
+        its shape, its values taken out)."""
         given = dict(values or {})
         declared = ["total bigint := 0;", "changed bigint;", "started timestamptz;"]
         texts: dict[str, str] = {}
@@ -152,7 +154,10 @@ class PostgreSQL(Dialect):
             "END",
             _QUOTE,
         ]
-        handing = ", ".join(f"set_config('{_SETTING}{name}', :{name}, false)" for name in texts)
+        handing = ", ".join(
+            f"set_config('{_SETTING}{name}', {_quoted(value)}, true)"
+            for name, value in texts.items()
+        )
         return LockedBlock(
             sql="\n".join(lines),
             result_sql=(
@@ -160,7 +165,6 @@ class PostgreSQL(Dialect):
                 f" current_setting('{_SERVER_MS}')::float8"
             ),
             values_sql=f"SELECT {handing}" if texts else None,
-            values=texts,
         )
 
     def block_value(self, name: str, type_: TypeEngine[Any]) -> ColumnElement[Any]:
@@ -171,6 +175,11 @@ class PostgreSQL(Dialect):
         """``column = ANY(name)``, the block's ``bigint[]`` variable."""
         condition: ColumnElement[bool] = column == any_(literal_column(name))
         return condition
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a string literal, whatever ``standard_conforming_strings`` says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _typed(value: BlockValue) -> tuple[str, str]:

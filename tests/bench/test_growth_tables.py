@@ -18,9 +18,9 @@ async def test_a_locked_block_is_one_lock_hold_named_by_its_statement(pg_url: st
     try:
         assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 3
         transactions, locks = timer.take()
-        # The read of the ids (a transaction, no lock), the block's values, the block and its
-        # read-back: the block alone holds locks.
-        assert len(transactions) == 4 and len(locks) == 1
+        # The read of the ids (a transaction, no lock), the block with its values in one
+        # message, and its read-back: the block alone holds locks.
+        assert len(transactions) == 3 and len(locks) == 1
         assert timer.longest_holds(5)[0][1].startswith("DO: DELETE FROM outbox_events")
         block = POSTGRESQL.locked_block(
             ["LOCK TABLE outbox_events IN EXCLUSIVE MODE"], lock_timeout_ms=100

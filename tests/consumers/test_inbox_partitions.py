@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from outboxkit.consumers import inbox_partitions, purge_inbox
@@ -16,11 +15,12 @@ from outboxkit.consumers.inbox_partitions import DAY_MS, purge_partitioned
 from outboxkit.consumers.tables import inbox_events, inbox_events_unpartitioned
 from outboxkit.migrations.runner import downgrade, upgrade
 from outboxkit.ops.inbox import lookup
+from outboxkit.outbox import locked
 from outboxkit.outbox.clock import read_db_now_ms as read_now
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.partitions import attach_range, range_partitions
-from sqlalchemy import event, func, insert, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 CONSUMER = "billing"
 SOURCE = "/shop"
@@ -294,7 +294,7 @@ async def test_a_claim_in_flight_in_the_default_partition_is_taken_over_once_it_
 
 
 async def test_an_attach_holds_no_lock_once_its_statement_returns(
-    engine: AsyncEngine, pg_url: str
+    engine: AsyncEngine, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Locking the default partition, moving its claims of the range and attaching are one
     statement in autocommit: when its result reaches the client every lock is gone (none
@@ -305,16 +305,20 @@ async def test_an_attach_holds_no_lock_once_its_statement_returns(
     observer = make_engine(pg_url)
     locks_after_attach: list[int] = []
 
-    def count_locks(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "ATTACH PARTITION" in statement:
-            pid = connection.connection.driver_connection.get_server_pid()
+    sent = locked.send_script
+
+    async def count_locks(connection: AsyncConnection, script: str) -> str:
+        status = await sent(connection, script)
+        if "ATTACH PARTITION" in script:
+            pid = (await connection.get_raw_connection()).driver_connection.get_server_pid()
             with observer.connect() as looking:
                 held = looking.scalar(
                     text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
                 )
             locks_after_attach.append(int(held or 0))
+        return status
 
-    event.listen(engine.sync_engine, "after_cursor_execute", count_locks)
+    monkeypatch.setattr(locked, "send_script", count_locks)
     day = (now + 5 * DAY_MS) // DAY_MS * DAY_MS
     try:
         async with engine.connect() as connection:

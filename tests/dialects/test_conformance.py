@@ -275,3 +275,10 @@ async def test_a_locked_block_takes_its_values_beside_its_text(engine: AsyncEngi
         async with connection.begin():
             left = await connection.execute(select(columns.event_id).order_by(columns.event_id))
             assert left.scalars().all() == ["e-0", "e-2", "e-4", "o'e"]
+            # The values were the block's transaction's alone: nothing of them stays in the
+            # session, where another block sent through a transaction-mode pooler could read
+            # them instead of its own.
+            stays = await connection.execute(
+                text("SELECT current_setting('outboxkit.block_value_v_listed', true)")
+            )
+            assert stays.scalar() in (None, "")

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from outboxkit.outbox import Outbox, new_event
+import pytest
+from outboxkit.outbox import Outbox, locked, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.purge import delete_in_chunks
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.retention import delete_published
-from sqlalchemy import event, func, select, text, update
-from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy import func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 from sqlalchemy.orm import Session
 
 from tests.support.waits import scaled
@@ -104,7 +104,9 @@ async def test_a_pass_gives_up_instead_of_queueing_behind_a_table_lock(pg_url: s
     assert counts_by_state(pg_url) == {"pending": 2}
 
 
-async def test_a_chunk_holds_no_lock_once_its_delete_returns(pg_url: str) -> None:
+async def test_a_chunk_holds_no_lock_once_its_delete_returns(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The chunk's delete is one statement in autocommit: when its result reaches the client
     its transaction has ended, so no lock waits for the client's next round trip (a process
     descheduled before sending COMMIT would hold its row locks all that time)."""
@@ -113,16 +115,20 @@ async def test_a_chunk_holds_no_lock_once_its_delete_returns(pg_url: str) -> Non
     observer = make_engine(pg_url)
     locks_after_delete: list[int] = []
 
-    def count_locks(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "DELETE" in statement:
-            pid = connection.connection.driver_connection.get_server_pid()
+    sent = locked.send_script
+
+    async def count_locks(connection: AsyncConnection, script: str) -> str:
+        status = await sent(connection, script)
+        if "DELETE" in script:
+            pid = (await connection.get_raw_connection()).driver_connection.get_server_pid()
             with observer.connect() as looking:
                 held = looking.scalar(
                     text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
                 )
             locks_after_delete.append(int(held or 0))
+        return status
 
-    event.listen(engine.sync_engine, "after_cursor_execute", count_locks)
+    monkeypatch.setattr(locked, "send_script", count_locks)
     try:
         assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 6
     finally:
