@@ -65,7 +65,9 @@ class Pacing:
     read of its ids (PostgreSQL); a chunk that hits one changes nothing and ends the pass.
     """
 
-    target_ms: float = 50.0
+    # 50 ms let chunks reach 5,000 rows, whose locked blocks ran up to 86-227 ms inside the
+    # server when a checkpoint's writes stalled their WAL (p99 61-66 ms); 25 ms: p99 48-55 ms.
+    target_ms: float = 25.0
     first: int = 1000
     least: int = 200
     lock_timeout_ms: int = 100
