@@ -15,12 +15,13 @@ from outboxkit.consumers.inbox_partitions import DAY_MS, purge_partitioned
 from outboxkit.consumers.tables import inbox_events, inbox_events_unpartitioned
 from outboxkit.migrations.runner import downgrade, upgrade
 from outboxkit.ops.inbox import lookup
-from outboxkit.outbox import locked
 from outboxkit.outbox.clock import read_db_now_ms as read_now
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.partitions import attach_range, range_partitions
 from sqlalchemy import func, insert, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from tests.support.locks import locks_left_by_scripts
 
 CONSUMER = "billing"
 SOURCE = "/shop"
@@ -303,22 +304,7 @@ async def test_an_attach_holds_no_lock_once_its_statement_returns(
     early = uuid7_at(now + 5 * DAY_MS)
     assert await claim(engine, early) == {early}
     observer = make_engine(pg_url)
-    locks_after_attach: list[int] = []
-
-    sent = locked.send_script
-
-    async def count_locks(connection: AsyncConnection, script: str) -> str:
-        status = await sent(connection, script)
-        if "ATTACH PARTITION" in script:
-            pid = (await connection.get_raw_connection()).driver_connection.get_server_pid()
-            with observer.connect() as looking:
-                held = looking.scalar(
-                    text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
-                )
-            locks_after_attach.append(int(held or 0))
-        return status
-
-    monkeypatch.setattr(locked, "send_script", count_locks)
+    locks_after_attach = locks_left_by_scripts(monkeypatch, observer, "ATTACH PARTITION")
     day = (now + 5 * DAY_MS) // DAY_MS * DAY_MS
     try:
         async with engine.connect() as connection:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from outboxkit.outbox import Outbox, locked, new_event
+from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.purge import delete_in_chunks
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.relay.retention import delete_published
 from sqlalchemy import func, select, text, update
-from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
+from tests.support.locks import locks_left_by_scripts
 from tests.support.waits import scaled
 
 HOUR_MS = 3_600_000
@@ -113,22 +114,7 @@ async def test_a_chunk_holds_no_lock_once_its_delete_returns(
     write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 6})
     engine = make_async_engine(pg_url)
     observer = make_engine(pg_url)
-    locks_after_delete: list[int] = []
-
-    sent = locked.send_script
-
-    async def count_locks(connection: AsyncConnection, script: str) -> str:
-        status = await sent(connection, script)
-        if "DELETE" in script:
-            pid = (await connection.get_raw_connection()).driver_connection.get_server_pid()
-            with observer.connect() as looking:
-                held = looking.scalar(
-                    text("SELECT count(*) FROM pg_locks WHERE pid = :pid"), {"pid": pid}
-                )
-            locks_after_delete.append(int(held or 0))
-        return status
-
-    monkeypatch.setattr(locked, "send_script", count_locks)
+    locks_after_delete = locks_left_by_scripts(monkeypatch, observer, "DELETE")
     try:
         assert await delete_published(engine, retention_ms=HOUR_MS, chunk=100) == 6
     finally:
