@@ -23,17 +23,17 @@ consumer that runs no retention is kept.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from outboxkit.consumers.tables import inbox_windows
 from outboxkit.outbox.dialects import POSTGRESQL
+from outboxkit.outbox.dialects.base import BlockValue
 from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.partitions import (
     LOCK_NOT_AVAILABLE,
     Busy,
     Dropped,
+    KeepRows,
     Postponed,
     RangePartition,
     attach_range,
@@ -149,57 +149,40 @@ async def _windows(connection: AsyncConnection) -> dict[str, int]:
     return {consumer: window for consumer, window in rows}
 
 
-async def _consumers_in(connection: AsyncConnection, table: str) -> list[str]:
-    """The distinct consumers with claims in ``table``, by a walk of its primary key (one index
-    probe per consumer, however many rows)."""
-    rows = await connection.execute(
-        text(
-            "WITH RECURSIVE c(consumer) AS ("
-            f" (SELECT consumer FROM {table} ORDER BY consumer LIMIT 1)"
-            " UNION ALL SELECT (SELECT t.consumer FROM"
-            f" {table} t WHERE t.consumer > c.consumer ORDER BY t.consumer LIMIT 1)"
-            " FROM c WHERE c.consumer IS NOT NULL"
-            ") SELECT consumer FROM c WHERE consumer IS NOT NULL"
-        )
-    )
-    return [consumer for (consumer,) in rows]
+# Of a partition's claims (aliased p), those inside their consumer's window: the window given
+# for every consumer (keep_consumer NULL), or the one given for keep_consumer and for the others
+# the one recorded in inbox_windows; a consumer with none keeps all its claims.
+_KEEP_INSIDE_WINDOWS = (
+    "CASE WHEN keep_consumer IS NULL OR p.consumer = keep_consumer"
+    " THEN p.processed_ms >= keep_now - keep_window"
+    " ELSE NOT EXISTS (SELECT 1 FROM inbox_windows w WHERE w.consumer = p.consumer"
+    " AND p.processed_ms < keep_now - w.window_ms) END"
+)
 
 
-def _keep_condition(
-    consumers: list[str], windows: Mapping[str, int], now_ms: int
-) -> tuple[str, dict[str, Any]]:
-    """SQL keeping, of a partition's claims, those inside their consumer's window (all of a
-    consumer that has none)."""
-    terms: list[str] = []
-    parameters: dict[str, Any] = {}
-    for number, consumer in enumerate(consumers):
-        parameters[f"c{number}"] = consumer
-        if consumer in windows:
-            parameters[f"t{number}"] = now_ms - windows[consumer]
-            terms.append(f"(p.consumer = :c{number} AND p.processed_ms >= :t{number})")
-        else:
-            terms.append(f"p.consumer = :c{number}")
-    return (" OR ".join(terms) or "false"), parameters
+def _keep_inside_windows(consumer: str | None, window_ms: int, now_ms: int) -> KeepRows:
+    """The claims a dropped partition keeps: those inside their consumer's window, with
+    ``consumer``'s (every consumer's, for ``None``) being ``window_ms``."""
+    values: dict[str, BlockValue] = {"keep_now": int(now_ms), "keep_window": int(window_ms)}
+    condition = _KEEP_INSIDE_WINDOWS
+    if consumer is None:
+        condition = condition.replace("keep_consumer", "NULL::text")
+    else:
+        values["keep_consumer"] = consumer
+    return KeepRows(condition, values)
 
 
 async def drop_expired(
-    connection: AsyncConnection, *, windows: Mapping[str, int], now_ms: int
+    connection: AsyncConnection, *, horizon_ms: int, keep: KeepRows
 ) -> tuple[list[Dropped], list[Postponed], list[str]]:
-    """Drop the time partitions whose range ended more than the shortest window ago, keeping
-    their claims still inside their consumer's window (moved to the default partition)."""
-    if not windows:
-        return [], [], []
-    horizon = now_ms - min(windows.values())
+    """Drop the time partitions whose range ended by ``horizon_ms`` (the shortest window ago),
+    keeping their claims ``keep`` selects (moved to the default partition)."""
     partitions = _timed(await range_partitions(connection, TABLE))
     await connection.commit()
     dropped, postponed, busy = [], [], []
     for partition in partitions:
-        if partition.upper is None or partition.upper > horizon:
+        if partition.upper is None or partition.upper > horizon_ms:
             break
-
-        async def keep(locked: AsyncConnection, name: str = partition.name) -> tuple[str, Any]:
-            return _keep_condition(await _consumers_in(locked, name), windows, now_ms)
-
         outcome = await drop_range(
             connection,
             TABLE,
@@ -320,14 +303,14 @@ async def purge_partitioned(
                 done.created, done.busy = await ensure_ahead(
                     connection, width=width_ms(window_ms), ahead_ms=ahead_ms, now_ms=now
                 )
-            windows: dict[str, int]
-            if consumer is None:
-                windows = {c: window_ms for c in await _all_consumers(connection)}
-            else:
-                windows = {**await _windows(connection), consumer: window_ms}
+            shortest = window_ms
+            if consumer is not None:
+                shortest = min([window_ms, *(await _windows(connection)).values()])
             await connection.commit()
             done.dropped, done.postponed, busy = await drop_expired(
-                connection, windows=windows, now_ms=now
+                connection,
+                horizon_ms=now - shortest,
+                keep=_keep_inside_windows(consumer, window_ms, now),
             )
             done.busy += busy
             for name in done.busy:
@@ -352,11 +335,3 @@ async def purge_partitioned(
             )
             await connection.commit()
     return done
-
-
-async def _all_consumers(connection: AsyncConnection) -> list[str]:
-    """Every consumer with claims in any time partition: a window for all of them."""
-    names: set[str] = set()
-    for partition in _timed(await range_partitions(connection, TABLE)):
-        names.update(await _consumers_in(connection, partition.name))
-    return sorted(names)

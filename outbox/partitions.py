@@ -12,35 +12,42 @@ chosen for their locks, since writers run beside them:
   the attach are one statement in autocommit (:mod:`outboxkit.outbox.locked`), committed
   inside the server with no client round trip while the lock is held;
 - **drop** takes the parent's ``ACCESS EXCLUSIVE`` lock (under a short ``lock_timeout``),
-  counts the rows to keep, detaches the partition, moves those rows back into the parent (the
-  ``DEFAULT`` partition catches them, their range being gone) and commits; the ``DROP TABLE``
-  after it locks only the detached table. ``DETACH ... CONCURRENTLY`` would not block writers
-  at all but cannot run inside a transaction, so a row written between the count and the
-  detach could be lost; the plain detach under the lock is what keeps it exact. The lock is
-  held for the count, the detach and the move: milliseconds for few rows to keep (measured in
-  ``bench.growth``'s inflow run).
+  counts the rows to keep, detaches the partition and moves those rows back into the parent
+  (the ``DEFAULT`` partition catches them, their range being gone): one locked block, so the
+  lock is held for the server's work only; the ``DROP TABLE`` after it locks only the detached
+  table. ``DETACH ... CONCURRENTLY`` would not block writers at all but cannot run inside a
+  transaction, so a row written between the count and the detach could be lost; the plain
+  detach under the lock is what keeps it exact. The lock is held for the count, the detach and
+  the move: milliseconds for few rows to keep (measured in ``bench.growth``'s inflow run).
 """
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.dialects.base import BlockValue, Refusal
 from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.secrecy import sqlstate
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-Keep = Callable[[AsyncConnection], Awaitable[tuple[str, Mapping[str, Any]]]]
-"""Reads, under the parent's lock, which rows of a partition to keep: a SQL condition on its
-columns (the partition aliased ``p``) and its parameters."""
+
+@dataclass(frozen=True, slots=True)
+class KeepRows:
+    """Which rows of a partition a drop keeps: a SQL condition on its columns (the partition
+    aliased ``p``), evaluated under the parent's lock, and the locked block's values it names
+    as variables (:meth:`~outboxkit.outbox.dialects.Dialect.block_value`)."""
+
+    condition: str
+    values: Mapping[str, BlockValue] = field(default_factory=dict)
+
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout expires
+_POSTPONED = "OBX01"  # raised by a drop's block with more rows to keep than its cap
 _BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -59,13 +66,14 @@ class RangePartition:
 @dataclass(frozen=True, slots=True)
 class Dropped:
     """A partition dropped: of its ``rows`` (counted before the lock), ``kept`` moved back into
-    the parent; the parent's exclusive lock was waited for ``waited_ms`` and held ``held_ms``."""
+    the parent; its locked block's round trip, the longest the parent's exclusive lock can
+    have been held (its wait included), was ``held_ms``, of which ``server_ms`` in the server."""
 
     name: str
     rows: int
     kept: int
-    waited_ms: float
     held_ms: float
+    server_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +195,7 @@ async def drop_range(
     table: str,
     name: str,
     *,
-    keep: Keep,
+    keep: KeepRows,
     keep_cap: int,
     lock_timeout_ms: int,
 ) -> Dropped | Postponed | Busy:
@@ -196,54 +204,37 @@ async def drop_range(
     misses them and no writer adds a row to the partition after they were chosen. More than
     ``keep_cap`` of them: nothing changes (:class:`Postponed`); the lock not granted within
     ``lock_timeout_ms``: nothing changes either (:class:`Busy`). ``connection`` is outside a
-    transaction."""
+    transaction.
+
+    The lock, the count of the rows to keep, the detach and their move are one locked block
+    (:mod:`outboxkit.outbox.locked`), committed inside the server with no client round trip
+    while the lock is held; the ``DROP TABLE`` after it locks only the detached table."""
     parent, child = _identifier(table), _identifier(name)
     async with connection.begin():
         rows = (await connection.execute(text(f"SELECT count(*) FROM {child}"))).scalar_one()
-    started = time.perf_counter()
-    transaction = await connection.begin()
+    kept_rows = f"FROM {child} p WHERE {keep.condition}"
+    cap = int(keep_cap)
+    statements: list[str | Refusal] = [
+        f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE",
+        Refusal(
+            f"(SELECT count(*) FROM (SELECT 1 {kept_rows} LIMIT {cap + 1}) k) > {cap}", _POSTPONED
+        ),
+        f"ALTER TABLE {parent} DETACH PARTITION {child}",
+        f"INSERT INTO {parent} SELECT p.* {kept_rows}",
+    ]
+    block = dialect_of(connection).locked_block(
+        statements, lock_timeout_ms=lock_timeout_ms, values=keep.values
+    )
+    if block is None:
+        raise ValueError("range partitions need a database with locked blocks")
     try:
-        await _lock_timeout(connection, lock_timeout_ms)
-        await connection.execute(text(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE"))
-        locked = time.perf_counter()
-        condition, parameters = await keep(connection)
-        kept_rows = f"FROM {child} p WHERE {condition}"
-        counted = (
-            await connection.execute(
-                text(f"SELECT count(*) FROM (SELECT 1 {kept_rows} LIMIT :cap) kept"),
-                {**parameters, "cap": keep_cap + 1},
-            )
-        ).scalar_one()
-        if counted > keep_cap:
-            await transaction.rollback()
-            return Postponed(name, counted)
-        await connection.execute(text(f"ALTER TABLE {parent} DETACH PARTITION {child}"))
-        if counted:
-            await connection.execute(
-                text(f"INSERT INTO {parent} SELECT p.* {kept_rows}"), dict(parameters)
-            )
-        await transaction.commit()
-    except BaseException as error:
-        if transaction.is_active:
-            await transaction.rollback()
-        if isinstance(error, DBAPIError) and sqlstate(error) == LOCK_NOT_AVAILABLE:
+        held = await run_locked(connection, block)
+    except DBAPIError as error:
+        if sqlstate(error) == LOCK_NOT_AVAILABLE:
             return Busy(name)
+        if sqlstate(error) == _POSTPONED:
+            return Postponed(name, cap + 1)
         raise
-    committed = time.perf_counter()
     async with connection.begin():
         await connection.execute(text(f"DROP TABLE {child}"))
-    return Dropped(
-        name,
-        rows,
-        counted,
-        waited_ms=(locked - started) * 1000,
-        held_ms=(committed - locked) * 1000,
-    )
-
-
-async def _lock_timeout(connection: AsyncConnection, lock_timeout_ms: int) -> None:
-    """``lock_timeout`` for the rest of the transaction only."""
-    await connection.execute(
-        text("SELECT set_config('lock_timeout', :value, true)"),
-        {"value": f"{int(lock_timeout_ms)}ms"},
-    )
+    return Dropped(name, rows, held.rows, held_ms=held.round_trip_ms, server_ms=held.server_ms)

@@ -19,6 +19,16 @@ BlockValue = int | str | Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """A step of a locked block that fails the whole block, changing nothing, with the error
+    code ``sqlstate`` (five digits or capital letters) when ``condition`` (SQL, true or false)
+    holds. Its work counts in none of the block's rows."""
+
+    condition: str
+    sqlstate: str
+
+
+@dataclass(frozen=True, slots=True)
 class LockedBlock:
     """Statements that run as one statement, under a lock timeout, and commit when it ends
     (:meth:`Dialect.locked_block`; :func:`outboxkit.outbox.locked.run_locked` runs one)."""
@@ -168,7 +178,7 @@ class Dialect:
 
     def locked_block(
         self,
-        statements: Sequence[str],
+        statements: Sequence[str | Refusal],
         *,
         lock_timeout_ms: int,
         commit_without_flush: bool = False,
@@ -181,7 +191,8 @@ class Dialect:
         ``commit_without_flush``), so its locks are taken and released inside the server with
         no client round trip between. ``values`` are variables the statements name (plain
         lower-case names), handed over beside the block's text, which does not change with
-        them. ``None`` where the database has none (:attr:`locked_blocks` false): the caller
+        them. A :class:`Refusal` among the statements fails the block where its condition
+        holds. ``None`` where the database has none (:attr:`locked_blocks` false): the caller
         runs the statements in a transaction."""
         return None
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outboxkit.outbox.dialects.base import BlockValue, Dialect, LockedBlock, _Query
+from outboxkit.outbox.dialects.base import BlockValue, Dialect, LockedBlock, Refusal, _Query
 from outboxkit.outbox.extras import POSTGRES
 from sqlalchemy import any_, bindparam, func, literal_column, true
 from sqlalchemy.dialects import postgresql
@@ -21,6 +21,7 @@ _ROWS = "outboxkit.block_rows"
 _SERVER_MS = "outboxkit.block_ms"
 _SETTING = "outboxkit.block_value_"
 _VARIABLE = re.compile(r"[a-z][a-z0-9_]{0,40}")
+_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
 
 
 class PostgreSQL(Dialect):
@@ -103,7 +104,7 @@ class PostgreSQL(Dialect):
 
     def locked_block(
         self,
-        statements: Sequence[str],
+        statements: Sequence[str | Refusal],
         *,
         lock_timeout_ms: int,
         commit_without_flush: bool = False,
@@ -143,8 +144,17 @@ class PostgreSQL(Dialect):
             lines.append("PERFORM set_config('synchronous_commit', 'off', true);")
         lines.append("started := clock_timestamp();")
         for statement in statements:
-            if _QUOTE in statement:
+            if _QUOTE in str(statement):
                 raise ValueError(f"a locked block's statement may not contain {_QUOTE}")
+            if isinstance(statement, Refusal):
+                if _SQLSTATE.fullmatch(statement.sqlstate) is None:
+                    raise ValueError(f"not an error code: {statement.sqlstate!r}")
+                # No GET DIAGNOSTICS after it: evaluating the condition sets ROW_COUNT.
+                lines.append(
+                    f"IF ({statement.condition}) THEN RAISE EXCEPTION 'refused by the block'"
+                    f" USING ERRCODE = '{statement.sqlstate}'; END IF;"
+                )
+                continue
             lines += [f"{statement};", "GET DIAGNOSTICS changed = ROW_COUNT;"]
             lines.append("total := total + changed;")
         lines += [

@@ -324,6 +324,28 @@ async def test_an_attach_holds_no_lock_once_its_statement_returns(
     assert (await where_claimed(engine))[early] == f"inbox_events_p{day}"
 
 
+async def test_a_drop_holds_no_lock_once_its_statement_returns(
+    engine: AsyncEngine, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Locking the inbox, counting the claims to keep, detaching and moving them are one
+    statement in autocommit: when its result reaches the client every lock is gone, and the
+    claim still inside its window is in the default partition."""
+    now = await read_db_now_ms(engine)
+    old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
+    partition = await attach_day(engine, old_day)
+    late = uuid7_at(old_day + 500)
+    assert await claim(engine, late) == {late}
+    observer = make_engine(pg_url)
+    locks_after_drop = locks_left_by_scripts(monkeypatch, observer, "DETACH PARTITION")
+    try:
+        done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
+    finally:
+        observer.dispose()
+    assert [(d.name, d.rows, d.kept) for d in done.dropped] == [(partition, 1, 1)]
+    assert locks_after_drop == [0]
+    assert (await where_claimed(engine))[late] == "inbox_events_default"
+
+
 async def test_the_window_one_consumer_recorded_applies_in_another_consumers_pass(
     engine: AsyncEngine,
 ) -> None:

@@ -19,6 +19,7 @@ from outboxkit.ops.dlq.tables import dlq_replays
 from outboxkit.outbox.clock import read_db_now_ms
 from outboxkit.outbox.db import make_async_engine, parse_url
 from outboxkit.outbox.dialects import DIALECTS, Dialect, dialect_of
+from outboxkit.outbox.dialects.base import LockedBlock, Refusal
 from outboxkit.outbox.errors import UnsupportedDatabaseError
 from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.secrecy import sqlstate
@@ -242,6 +243,41 @@ async def test_a_locked_block_waits_for_a_lock_no_longer_than_its_lock_timeout(
         await holder.rollback()
         async with connection.begin():
             assert await connection.scalar(select(func.count()).select_from(inbox_events)) == 1
+
+
+async def test_a_refusal_fails_its_block_with_its_code_and_changes_nothing(
+    engine: AsyncEngine,
+) -> None:
+    """A step that refuses where its condition holds: the statements before it are undone and
+    the error carries its code; where it does not hold, it counts in none of the rows."""
+    dialect = dialect_of(engine)
+    if not dialect.locked_blocks:
+        return
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events), [_inbox_row(f"e-{i}", processed_ms=i) for i in range(4)]
+        )
+    count = "(SELECT count(*) FROM inbox_events)"
+
+    def deleting_below(below: int, refuse_over: int) -> LockedBlock:
+        block = dialect.locked_block(
+            [
+                f"DELETE FROM inbox_events WHERE processed_ms < {below}",
+                Refusal(f"{count} > {refuse_over}", "OBX99"),
+            ],
+            lock_timeout_ms=150,
+        )
+        assert block is not None
+        return block
+
+    async with engine.connect() as connection:
+        with pytest.raises(DBAPIError) as refused:
+            await run_locked(connection, deleting_below(1, refuse_over=2))
+        assert sqlstate(refused.value) == "OBX99"
+        assert await connection.scalar(select(func.count()).select_from(inbox_events)) == 4
+        await connection.rollback()
+        assert (await run_locked(connection, deleting_below(2, refuse_over=2))).rows == 2
+        assert await connection.scalar(select(func.count()).select_from(inbox_events)) == 2
 
 
 async def test_a_locked_block_takes_its_values_beside_its_text(engine: AsyncEngine) -> None:
