@@ -310,6 +310,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         "longest_holds": result.longest_holds,
         "inbox_longest_holds": sorted(result.inbox_holds, reverse=True)[:5],
         "vacuum": args.inflow_vacuum,
+        "server": result.server,
         "samples": [
             {
                 "at_s": s.at_s,
@@ -348,6 +349,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"  the bench's event loop woke late: p99 {figures['loop_lag_p99_ms']:.0f} ms, "
         f"longest {figures['loop_lag_longest_ms']:.0f} ms"
     )
+    print(f"  the server during the run: {result.server}")
     for held_ms, statement in result.longest_holds:
         print(f"  lock held {held_ms:6.0f} ms from: {statement}")
     for held_ms, statement in sorted(result.inbox_holds, reverse=True)[:5]:

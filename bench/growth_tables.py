@@ -193,6 +193,64 @@ async def vacuum_analyze(url: str, table: str) -> float:
     return time.monotonic() - began
 
 
+WAL_SETTINGS = ("max_wal_size", "checkpoint_timeout", "wal_compression", "shared_buffers")
+"""The server's settings that decide how often a page is logged whole (after each checkpoint)."""
+
+
+@dataclass
+class WalStats:
+    """The server's WAL settings, and its checkpoints, WAL bytes and full-page images so far
+    (cumulative: subtract two readings for a run's)."""
+
+    settings: dict[str, str]
+    checkpoints_timed: int
+    checkpoints_requested: int
+    wal_bytes: int
+    full_page_images: int
+
+    def since(self, earlier: WalStats) -> str:
+        """What the server did between ``earlier`` and this reading, and its settings."""
+        wal_mib = (self.wal_bytes - earlier.wal_bytes) / 2**20
+        settings = ", ".join(f"{name} {value}" for name, value in self.settings.items())
+        return (
+            f"{self.checkpoints_timed - earlier.checkpoints_timed} timed and "
+            f"{self.checkpoints_requested - earlier.checkpoints_requested} requested "
+            f"checkpoints, {wal_mib:,.0f} MiB of WAL, "
+            f"{self.full_page_images - earlier.full_page_images:,} full-page images "
+            f"({settings})"
+        )
+
+
+async def wal_stats(url: str) -> WalStats:
+    """The server's :class:`WalStats` now (``pg_stat_checkpointer`` from PostgreSQL 17,
+    ``pg_stat_bgwriter`` before)."""
+    connection = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        settings = {
+            name: await connection.fetchval(f"SHOW {name}")  # names from WAL_SETTINGS only
+            for name in WAL_SETTINGS
+        }
+        if await connection.fetchval("SELECT to_regclass('pg_stat_checkpointer') IS NOT NULL"):
+            checkpoints = await connection.fetchrow(
+                "SELECT num_timed AS timed, num_requested AS requested FROM pg_stat_checkpointer"
+            )
+        else:
+            checkpoints = await connection.fetchrow(
+                "SELECT checkpoints_timed AS timed, checkpoints_req AS requested"
+                " FROM pg_stat_bgwriter"
+            )
+        wal = await connection.fetchrow("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
+    finally:
+        await connection.close()
+    return WalStats(
+        settings=settings,
+        checkpoints_timed=int(checkpoints["timed"]),
+        checkpoints_requested=int(checkpoints["requested"]),
+        wal_bytes=int(wal["wal_bytes"]),
+        full_page_images=int(wal["wal_fpi"]),
+    )
+
+
 @dataclass
 class TableStats:
     """Size and bloat of one table, as ``pgstattuple`` and the statistics views see it."""

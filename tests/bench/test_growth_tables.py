@@ -8,7 +8,7 @@ from outboxkit.outbox.locked import run_locked
 from outboxkit.relay.retention import delete_published
 from sqlalchemy import text
 
-from bench.growth_tables import timed_engine
+from bench.growth_tables import WAL_SETTINGS, timed_engine, wal_stats
 from tests.relay.test_retention import HOUR_MS, write_rows
 
 
@@ -39,3 +39,15 @@ async def test_a_locked_block_is_one_lock_hold_named_by_its_statement(pg_url: st
         assert all(held >= 0 for held in locks)
     finally:
         await engine.dispose()
+
+
+async def test_the_wal_reading_counts_what_the_server_wrote_between_two_readings(
+    pg_url: str,
+) -> None:
+    """Rows written between two readings show as WAL bytes; the settings are named."""
+    before = await wal_stats(pg_url)
+    write_rows(pg_url, {"pending": 0, "parked": 0, "scheduled": 0, "recent": 0, "old": 200})
+    after = await wal_stats(pg_url)
+    assert after.wal_bytes > before.wal_bytes
+    assert set(after.settings) == set(WAL_SETTINGS)
+    assert "max_wal_size" in after.since(before) and "MiB of WAL" in after.since(before)
