@@ -258,6 +258,7 @@ async def record_window(connection: AsyncConnection, consumer: str, window_ms: i
     block = POSTGRESQL.locked_block(
         [upsert],
         lock_timeout_ms=LOCK_TIMEOUT_MS,
+        commit_without_flush=True,  # lost in a crash: the window stored before stays
         values={"window_of": consumer, "window_length": int(window_ms)},
     )
     assert block is not None  # PostgreSQL has them

@@ -19,6 +19,11 @@ chosen for their locks, since writers run beside them:
   transaction, so a row written between the count and the detach could be lost; the plain
   detach under the lock is what keeps it exact. The lock is held for the count, the detach and
   the move: milliseconds for few rows to keep (measured in ``bench.growth``'s inflow run).
+
+Both commit without waiting for their log to reach the disk, so no lock is held through a
+flush a checkpoint's writes may stall: after a crash that lost one, the table is as it was
+before it (the move and the attach or detach are one transaction), and a transaction that
+wrote into a partition it attached is later in the log, so its commit flushes the attach.
 """
 
 from __future__ import annotations
@@ -176,7 +181,9 @@ async def attach_range(
         f"ALTER TABLE {parent} ATTACH PARTITION {child} "
         f"FOR VALUES FROM ({int(lower)}) TO ({int(upper)})"
     )
-    block = dialect_of(connection).locked_block(statements, lock_timeout_ms=lock_timeout_ms)
+    block = dialect_of(connection).locked_block(
+        statements, lock_timeout_ms=lock_timeout_ms, commit_without_flush=True
+    )
     if block is None:
         raise ValueError("range partitions need a database with locked blocks")
     try:
@@ -223,7 +230,7 @@ async def drop_range(
         f"INSERT INTO {parent} SELECT p.* {kept_rows}",
     ]
     block = dialect_of(connection).locked_block(
-        statements, lock_timeout_ms=lock_timeout_ms, values=keep.values
+        statements, lock_timeout_ms=lock_timeout_ms, commit_without_flush=True, values=keep.values
     )
     if block is None:
         raise ValueError("range partitions need a database with locked blocks")
