@@ -149,27 +149,47 @@ async def _windows(connection: AsyncConnection) -> dict[str, int]:
     return {consumer: window for consumer, window in rows}
 
 
-# Of a partition's claims (aliased p), those inside their consumer's window: the window given
-# for every consumer (keep_consumer NULL), or the one given for keep_consumer and for the others
-# the one recorded in inbox_windows; a consumer with none keeps all its claims.
-_KEEP_INSIDE_WINDOWS = (
-    "CASE WHEN keep_consumer IS NULL OR p.consumer = keep_consumer"
-    " THEN p.processed_ms >= keep_now - keep_window"
-    " ELSE NOT EXISTS (SELECT 1 FROM inbox_windows w WHERE w.consumer = p.consumer"
-    " AND p.processed_ms < keep_now - w.window_ms) END"
+# Of a partition's claims, those inside their consumer's window, read by index so a drop under
+# the inbox's lock reads the claims it keeps, not the whole partition: those made since
+# keep_floor (the longest window ago, a value the planner sees) along processed_ms, each
+# checked against its consumer's window; and all the claims of a consumer without a window
+# (its consumers found by a walk of the primary key, one probe each). The window: the one given,
+# for every consumer or for keep_consumer; for another consumer the one it recorded.
+_KEEP_INSIDE_WINDOWS = """WITH RECURSIVE present(consumer) AS (
+ (SELECT consumer FROM {partition} ORDER BY consumer LIMIT 1)
+ UNION ALL SELECT (SELECT t.consumer FROM {partition} t WHERE t.consumer > present.consumer
+ ORDER BY t.consumer LIMIT 1) FROM present WHERE present.consumer IS NOT NULL
+), windowed AS MATERIALIZED (
+ SELECT present.consumer, {window} AS window_ms FROM present
+ WHERE present.consumer IS NOT NULL
+)
+SELECT p.* FROM {partition} p JOIN windowed c ON c.consumer = p.consumer
+ WHERE p.processed_ms >= keep_floor AND p.processed_ms >= keep_now - c.window_ms
+UNION ALL
+SELECT p.* FROM windowed c JOIN {partition} p ON p.consumer = c.consumer
+ WHERE c.window_ms IS NULL"""
+_RECORDED_WINDOW = (
+    "CASE WHEN present.consumer = keep_consumer THEN keep_window ELSE (SELECT w.window_ms"
+    " FROM inbox_windows w WHERE w.consumer = present.consumer) END"
 )
 
 
-def _keep_inside_windows(consumer: str | None, window_ms: int, now_ms: int) -> KeepRows:
+def _keep_inside_windows(
+    consumer: str | None, window_ms: int, now_ms: int, *, longest_ms: int
+) -> KeepRows:
     """The claims a dropped partition keeps: those inside their consumer's window, with
-    ``consumer``'s (every consumer's, for ``None``) being ``window_ms``."""
-    values: dict[str, BlockValue] = {"keep_now": int(now_ms), "keep_window": int(window_ms)}
-    condition = _KEEP_INSIDE_WINDOWS
-    if consumer is None:
-        condition = condition.replace("keep_consumer", "NULL::text")
-    else:
+    ``consumer``'s (every consumer's, for ``None``) being ``window_ms`` and none longer than
+    ``longest_ms``."""
+    values: dict[str, BlockValue] = {
+        "keep_now": int(now_ms),
+        "keep_window": int(window_ms),
+        "keep_floor": int(now_ms - max(window_ms, longest_ms)),
+    }
+    window = "keep_window"
+    if consumer is not None:
         values["keep_consumer"] = consumer
-    return KeepRows(condition, values)
+        window = _RECORDED_WINDOW
+    return KeepRows(_KEEP_INSIDE_WINDOWS.replace("{window}", window), values)
 
 
 async def drop_expired(
@@ -304,14 +324,13 @@ async def purge_partitioned(
                 done.created, done.busy = await ensure_ahead(
                     connection, width=width_ms(window_ms), ahead_ms=ahead_ms, now_ms=now
                 )
-            shortest = window_ms
-            if consumer is not None:
-                shortest = min([window_ms, *(await _windows(connection)).values()])
+            recorded = [] if consumer is None else list((await _windows(connection)).values())
             await connection.commit()
+            keep = _keep_inside_windows(
+                consumer, window_ms, now, longest_ms=max([window_ms, *recorded])
+            )
             done.dropped, done.postponed, busy = await drop_expired(
-                connection,
-                horizon_ms=now - shortest,
-                keep=_keep_inside_windows(consumer, window_ms, now),
+                connection, horizon_ms=now - min([window_ms, *recorded]), keep=keep
             )
             done.busy += busy
             for name in done.busy:

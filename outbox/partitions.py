@@ -43,11 +43,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 @dataclass(frozen=True, slots=True)
 class KeepRows:
-    """Which rows of a partition a drop keeps: a SQL condition on its columns (the partition
-    aliased ``p``), evaluated under the parent's lock, and the locked block's values it names
-    as variables (:meth:`~outboxkit.outbox.dialects.Dialect.block_value`)."""
+    """Which rows of a partition a drop keeps: a query of them, all columns in the table's order,
+    naming the partition ``{partition}`` (run under the parent's lock, twice: counted, then
+    moved), and the locked block's values it names as variables
+    (:meth:`~outboxkit.outbox.dialects.Dialect.block_value`)."""
 
-    condition: str
+    query: str
     values: Mapping[str, BlockValue] = field(default_factory=dict)
 
 
@@ -219,15 +220,13 @@ async def drop_range(
     parent, child = _identifier(table), _identifier(name)
     async with connection.begin():
         rows = (await connection.execute(text(f"SELECT count(*) FROM {child}"))).scalar_one()
-    kept_rows = f"FROM {child} p WHERE {keep.condition}"
+    kept = keep.query.replace("{partition}", child)
     cap = int(keep_cap)
     statements: list[str | Refusal] = [
         f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE",
-        Refusal(
-            f"(SELECT count(*) FROM (SELECT 1 {kept_rows} LIMIT {cap + 1}) k) > {cap}", _POSTPONED
-        ),
+        Refusal(f"(SELECT count(*) FROM ({kept} LIMIT {cap + 1}) k) > {cap}", _POSTPONED),
         f"ALTER TABLE {parent} DETACH PARTITION {child}",
-        f"INSERT INTO {parent} SELECT p.* {kept_rows}",
+        f"INSERT INTO {parent} {kept}",
     ]
     block = dialect_of(connection).locked_block(
         statements, lock_timeout_ms=lock_timeout_ms, commit_without_flush=True, values=keep.values
