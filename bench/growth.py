@@ -311,6 +311,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         "inbox_longest_holds": sorted(result.inbox_holds, reverse=True)[:5],
         "vacuum": args.inflow_vacuum,
         "server": result.server,
+        "disk": result.disk,
         "samples": [
             {
                 "at_s": s.at_s,
@@ -350,6 +351,7 @@ def bench_inflow(args: argparse.Namespace, bootstrap: str, results: dict[str, An
         f"longest {figures['loop_lag_longest_ms']:.0f} ms"
     )
     print(f"  the server during the run: {result.server}")
+    print(f"  the machine's disks during the run: {result.disk}")
     for held_ms, statement in result.longest_holds:
         print(f"  lock held {held_ms:6.0f} ms from: {statement}")
     for held_ms, statement in sorted(result.inbox_holds, reverse=True)[:5]:

@@ -38,7 +38,14 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from bench.common import percentile
 from bench.consumer_app import EVENT_TYPE, bench_effects
-from bench.growth_tables import TableStats, asyncpg_dsn, table_stats, timed_engine, wal_stats
+from bench.growth_tables import (
+    TableStats,
+    asyncpg_dsn,
+    disk_writes,
+    table_stats,
+    timed_engine,
+    wal_stats,
+)
 from bench.latency import wait_for_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +96,8 @@ class InflowResult:
     server: str = ""
     """The server's checkpoints, WAL and full-page images during the run, and its WAL settings
     (:meth:`~bench.growth_tables.WalStats.since`)."""
+    disk: str = ""
+    """The machine's disk writes during the run (:meth:`~bench.growth_tables.DiskWrites.since`)."""
     loop_lag_ms: list[float] = field(default_factory=list)
     """How late the bench's event loop (the writer's and the retention's) woke a 10 ms sleep:
     time a retention statement's result waited to be seen, counted in its hold."""
@@ -299,7 +308,7 @@ async def inflow(
             if time.monotonic() > deadline or not writer.is_alive():
                 raise RuntimeError("the writer's process did not start writing")
             await asyncio.sleep(0.05)
-        wal_before = await wal_stats(url)
+        wal_before, disk_before = await wal_stats(url), disk_writes()
         retention = asyncio.create_task(
             _retain(url, window_s, retention_every_s, result, stop, vacuum=vacuum)
         )
@@ -342,6 +351,7 @@ async def inflow(
             await lag
         result.seconds = time.monotonic() - began
         result.server = (await wal_stats(url)).since(wal_before)
+        result.disk = disk_writes().since(disk_before, result.seconds)
         result.written = written.value
         result.consumed = await _applied(url)
     finally:

@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -249,6 +250,35 @@ async def wal_stats(url: str) -> WalStats:
         wal_bytes=int(wal["wal_bytes"]),
         full_page_images=int(wal["wal_fpi"]),
     )
+
+
+@dataclass(frozen=True)
+class DiskWrites:
+    """Writes completed and sectors written so far by this machine's disks (``/sys/block``,
+    loop and RAM devices aside): the whole machine's, the broker's and the bench's included."""
+
+    ios: int
+    bytes: int
+
+    def since(self, earlier: DiskWrites, seconds: float) -> str:
+        """The writes between ``earlier`` and this reading, in total and per second."""
+        ios, written = self.ios - earlier.ios, self.bytes - earlier.bytes
+        return (
+            f"{ios:,} write IOs ({ios / seconds:,.0f}/s), {written / 2**20:,.0f} MiB "
+            f"({written / 2**20 / seconds:,.1f} MiB/s)"
+        )
+
+
+def disk_writes() -> DiskWrites:
+    """This machine's :class:`DiskWrites` now (zeros where ``/sys/block`` is missing)."""
+    ios = sectors = 0
+    root = Path("/sys/block")
+    for device in sorted(root.iterdir()) if root.is_dir() else []:
+        if device.name.startswith(("loop", "ram", "zram")):
+            continue
+        fields = (device / "stat").read_text().split()
+        ios, sectors = ios + int(fields[4]), sectors + int(fields[6])
+    return DiskWrites(ios, sectors * 512)  # the kernel counts 512-byte sectors
 
 
 @dataclass

@@ -3,12 +3,17 @@ lock hold of its whole round trip, named by its locking statement."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
 from outboxkit.outbox.dialects import POSTGRESQL
 from outboxkit.outbox.locked import run_locked
 from outboxkit.relay.retention import delete_published
 from sqlalchemy import text
 
-from bench.growth_tables import WAL_SETTINGS, timed_engine, wal_stats
+from bench.growth_tables import WAL_SETTINGS, disk_writes, timed_engine, wal_stats
 from tests.relay.test_retention import HOUR_MS, write_rows
 
 
@@ -51,3 +56,18 @@ async def test_the_wal_reading_counts_what_the_server_wrote_between_two_readings
     assert after.wal_bytes > before.wal_bytes
     assert set(after.settings) == set(WAL_SETTINGS)
     assert "max_wal_size" in after.since(before) and "MiB of WAL" in after.since(before)
+
+
+def test_the_disk_reading_counts_a_file_written_and_synced() -> None:
+    """4 MiB written and fsynced (in the home directory: /tmp may be in memory) between two
+    readings show as at least that many bytes written."""
+    if not Path("/sys/block").is_dir():
+        pytest.skip("no /sys/block on this machine")
+    before = disk_writes()
+    with tempfile.NamedTemporaryFile(dir=Path.home()) as written:
+        written.write(os.urandom(4 * 2**20))
+        written.flush()
+        os.fsync(written.fileno())
+        after = disk_writes()
+    assert after.bytes - before.bytes >= 4 * 2**20 and after.ios > before.ios
+    assert "write IOs" in after.since(before, 1.0)
