@@ -172,6 +172,12 @@ _RECORDED_WINDOW = (
     "CASE WHEN present.consumer = keep_consumer THEN keep_window ELSE (SELECT w.window_ms"
     " FROM inbox_windows w WHERE w.consumer = present.consumer) END"
 )
+# Another consumer recorded a window longer than the one keep_floor was read with: its claims
+# older than keep_floor may be inside it. The drop waits for the next pass.
+_WINDOW_GREW = (
+    "(SELECT max(w.window_ms) FROM inbox_windows w"
+    " WHERE w.consumer <> keep_consumer) > keep_now - keep_floor"
+)
 
 
 def _keep_inside_windows(
@@ -185,11 +191,12 @@ def _keep_inside_windows(
         "keep_window": int(window_ms),
         "keep_floor": int(now_ms - max(window_ms, longest_ms)),
     }
-    window = "keep_window"
-    if consumer is not None:
-        values["keep_consumer"] = consumer
-        window = _RECORDED_WINDOW
-    return KeepRows(_KEEP_INSIDE_WINDOWS.replace("{window}", window), values)
+    if consumer is None:
+        return KeepRows(_KEEP_INSIDE_WINDOWS.replace("{window}", "keep_window"), values)
+    values["keep_consumer"] = consumer
+    return KeepRows(
+        _KEEP_INSIDE_WINDOWS.replace("{window}", _RECORDED_WINDOW), values, (_WINDOW_GREW,)
+    )
 
 
 async def drop_expired(

@@ -50,6 +50,10 @@ class KeepRows:
 
     query: str
     values: Mapping[str, BlockValue] = field(default_factory=dict)
+    not_now: tuple[str, ...] = ()
+    """Conditions (SQL, on the same values) under which the drop waits for a later pass: the
+    query would not select every row to keep (a window read before the lock has grown since,
+    say)."""
 
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout expires
@@ -210,7 +214,8 @@ async def drop_range(
     """Detach ``name`` from ``table`` and drop it, keeping the rows ``keep`` selects: they move
     back into ``table`` in the same transaction, under the parent's exclusive lock, so no reader
     misses them and no writer adds a row to the partition after they were chosen. More than
-    ``keep_cap`` of them: nothing changes (:class:`Postponed`); the lock not granted within
+    ``keep_cap`` of them, or one of ``keep.not_now`` true: nothing changes
+    (:class:`Postponed`); the lock not granted within
     ``lock_timeout_ms``: nothing changes either (:class:`Busy`). ``connection`` is outside a
     transaction.
 
@@ -224,6 +229,7 @@ async def drop_range(
     cap = int(keep_cap)
     statements: list[str | Refusal] = [
         f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE",
+        *(Refusal(condition, _POSTPONED) for condition in keep.not_now),
         Refusal(f"(SELECT count(*) FROM ({kept} LIMIT {cap + 1}) k) > {cap}", _POSTPONED),
         f"ALTER TABLE {parent} DETACH PARTITION {child}",
         f"INSERT INTO {parent} {kept}",

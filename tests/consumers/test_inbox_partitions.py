@@ -375,3 +375,48 @@ async def test_the_window_one_consumer_recorded_applies_in_another_consumers_pas
         )
     done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
     assert [(d.name, d.rows, d.kept) for d in done.dropped] == [(partition, 4, 0)]
+
+
+async def test_a_window_that_grew_after_the_pass_read_it_postpones_the_drop(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another consumer lengthens its window between a pass's read of the windows and its
+    drop: the drop, finding under the lock a window longer than the one it read, waits for the
+    next pass rather than forget that consumer's claims inside it; the next pass keeps them."""
+    now = await read_db_now_ms(engine)
+    await purge_partitioned(
+        engine, consumer="audit", window_ms=5 * DAY_MS, chunk_size=100, ahead_ms=HOUR_MS
+    )
+    old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
+    partition = await attach_day(engine, old_day)
+    async with engine.begin() as connection:
+        await connection.execute(
+            insert(inbox_events),
+            [
+                {
+                    "consumer": consumer,
+                    "source": SOURCE,
+                    "event_id": uuid7_at(old_day + n),
+                    "processed_ms": now - 2 * DAY_MS,  # inside audit's 5 days, not in 1 hour
+                    "id_ms": old_day + n,
+                }
+                for consumer in (CONSUMER, "audit")
+                for n in range(3)
+            ],
+        )
+    read = inbox_partitions._windows
+
+    async def read_before_audit_grew(connection: object) -> dict[str, int]:
+        return {"audit": HOUR_MS}  # what a pass read just before audit recorded 5 days
+
+    monkeypatch.setattr(inbox_partitions, "_windows", read_before_audit_grew)
+    done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
+    assert [p.name for p in done.postponed] == [partition] and not done.dropped
+    assert len(await where_claimed(engine)) == 6
+
+    monkeypatch.setattr(inbox_partitions, "_windows", read)
+    done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
+    assert [(d.name, d.rows, d.kept) for d in done.dropped] == [(partition, 6, 3)]
+    async with engine.connect() as connection:
+        kept = (await connection.execute(select(inbox_events.c.consumer))).scalars().all()
+    assert sorted(kept) == ["audit"] * 3
