@@ -185,11 +185,11 @@ def _keep_inside_windows(
 ) -> KeepRows:
     """The claims a dropped partition keeps: those inside their consumer's window, with
     ``consumer``'s (every consumer's, for ``None``) being ``window_ms`` and none longer than
-    ``longest_ms``."""
+    ``longest_ms`` (``window_ms`` or more)."""
     values: dict[str, BlockValue] = {
         "keep_now": int(now_ms),
         "keep_window": int(window_ms),
-        "keep_floor": int(now_ms - max(window_ms, longest_ms)),
+        "keep_floor": int(now_ms - longest_ms),
     }
     if consumer is None:
         return KeepRows(_KEEP_INSIDE_WINDOWS.replace("{window}", "keep_window"), values)

@@ -96,11 +96,10 @@ class Busy:
 
 @dataclass(frozen=True, slots=True)
 class Postponed:
-    """A partition not dropped: it still holds more than the cap of rows to keep (``kept``
-    counts up to the cap plus one)."""
+    """A partition not dropped: it still holds more than the cap of rows to keep, or one of
+    its :attr:`KeepRows.not_now` conditions held."""
 
     name: str
-    kept: int
 
 
 def _identifier(name: str) -> str:
@@ -245,7 +244,7 @@ async def drop_range(
         if sqlstate(error) == LOCK_NOT_AVAILABLE:
             return Busy(name)
         if sqlstate(error) == _POSTPONED:
-            return Postponed(name, cap + 1)
+            return Postponed(name)
         raise
     async with connection.begin():
         await connection.execute(text(f"DROP TABLE {child}"))
