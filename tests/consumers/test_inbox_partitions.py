@@ -87,6 +87,28 @@ async def attach_day(engine: AsyncEngine, lower: int) -> str:
     return name
 
 
+async def claims_made(
+    engine: AsyncEngine, consumers: tuple[str, ...], first_ms: int, count: int, processed_ms: int
+) -> list[str]:
+    """Claims of ``count`` events each, with times from ``first_ms`` on, by each of
+    ``consumers`` (events of their own), made at ``processed_ms`` (written directly, as if
+    applied then); their event ids, a consumer's after another's."""
+    rows = [
+        {
+            "consumer": consumer,
+            "source": SOURCE,
+            "event_id": uuid7_at(first_ms + n),
+            "processed_ms": processed_ms,
+            "id_ms": first_ms + n,
+        }
+        for consumer in consumers
+        for n in range(count)
+    ]
+    async with engine.begin() as connection:
+        await connection.execute(insert(inbox_events), rows)
+    return [row["event_id"] for row in rows]
+
+
 async def test_each_claim_lands_in_the_partition_of_its_id_time_and_a_redelivery_is_skipped(
     engine: AsyncEngine,
 ) -> None:
@@ -132,21 +154,8 @@ async def test_a_dropped_partition_keeps_the_claims_still_inside_their_window(
     now = await read_db_now_ms(engine)
     old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
     partition = await attach_day(engine, old_day)
-    forgotten = [uuid7_at(old_day + n) for n in range(3)]
-    async with engine.begin() as connection:  # applied two hours ago, when they were fresh
-        await connection.execute(
-            insert(inbox_events),
-            [
-                {
-                    "consumer": CONSUMER,
-                    "source": SOURCE,
-                    "event_id": event_id,
-                    "processed_ms": now - 2 * HOUR_MS,
-                    "id_ms": old_day + n,
-                }
-                for n, event_id in enumerate(forgotten)
-            ],
-        )
+    # applied two hours ago, when they were fresh
+    forgotten = await claims_made(engine, (CONSUMER,), old_day, 3, now - 2 * HOUR_MS)
     late = uuid7_at(old_day + 500)  # ten days old, applied just now by a lagging consumer
     assert await claim(engine, late) == {late}
     assert (await where_claimed(engine))[late] == partition
@@ -165,21 +174,8 @@ async def test_a_partition_is_kept_while_it_holds_claims_of_a_consumer_without_r
     now = await read_db_now_ms(engine)
     old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
     partition = await attach_day(engine, old_day)
-    async with engine.begin() as connection:
-        await connection.execute(
-            insert(inbox_events),
-            [
-                {
-                    "consumer": consumer,
-                    "source": SOURCE,
-                    "event_id": uuid7_at(old_day + n),
-                    "processed_ms": old_day,
-                    "id_ms": old_day + n,
-                }
-                for consumer in (CONSUMER, "audit")  # "audit" never ran retention
-                for n in range(5)
-            ],
-        )
+    # "audit" never ran retention
+    await claims_made(engine, (CONSUMER, "audit"), old_day, 5, old_day)
     capped = inbox_partitions.KEEP_CAP
     inbox_partitions.KEEP_CAP = 4
     try:
@@ -358,21 +354,7 @@ async def test_the_window_one_consumer_recorded_applies_in_another_consumers_pas
     now = await read_db_now_ms(engine)
     old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
     partition = await attach_day(engine, old_day)
-    async with engine.begin() as connection:
-        await connection.execute(
-            insert(inbox_events),
-            [
-                {
-                    "consumer": consumer,
-                    "source": SOURCE,
-                    "event_id": uuid7_at(old_day + n),
-                    "processed_ms": now - 3 * HOUR_MS,
-                    "id_ms": old_day + n,
-                }
-                for consumer in (CONSUMER, "audit")
-                for n in range(2)
-            ],
-        )
+    await claims_made(engine, (CONSUMER, "audit"), old_day, 2, now - 3 * HOUR_MS)
     done = await purge_partitioned(engine, consumer=CONSUMER, window_ms=HOUR_MS, chunk_size=100)
     assert [(d.name, d.rows, d.kept) for d in done.dropped] == [(partition, 4, 0)]
 
@@ -389,21 +371,8 @@ async def test_a_window_that_grew_after_the_pass_read_it_postpones_the_drop(
     )
     old_day = (now - 10 * DAY_MS) // DAY_MS * DAY_MS
     partition = await attach_day(engine, old_day)
-    async with engine.begin() as connection:
-        await connection.execute(
-            insert(inbox_events),
-            [
-                {
-                    "consumer": consumer,
-                    "source": SOURCE,
-                    "event_id": uuid7_at(old_day + n),
-                    "processed_ms": now - 2 * DAY_MS,  # inside audit's 5 days, not in 1 hour
-                    "id_ms": old_day + n,
-                }
-                for consumer in (CONSUMER, "audit")
-                for n in range(3)
-            ],
-        )
+    # inside audit's 5 days, not in 1 hour
+    await claims_made(engine, (CONSUMER, "audit"), old_day, 3, now - 2 * DAY_MS)
     read = inbox_partitions._windows
 
     async def read_before_audit_grew(connection: object) -> dict[str, int]:
