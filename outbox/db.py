@@ -24,6 +24,7 @@ from outboxkit.outbox.errors import (
     UnsupportedDatabaseError,
 )
 from outboxkit.outbox.extras import require
+from outboxkit.outbox.pooler import use_pooler_setting
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
@@ -189,12 +190,15 @@ def asyncpg_connect_args(url: str | URL) -> dict[str, Any]:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``."""
+    """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``; on
+    PostgreSQL the URL's ``pooler=transaction`` is read (:mod:`outboxkit.outbox.pooler`)."""
     url = sync_url(url)
     _require_driver(url, sync=True)
     engine = create_engine(url, **kwargs)
     if dialect_of(engine).single_writer:
         _use_immediate_transactions(engine)
+    else:
+        use_pooler_setting(engine, sync=True)
     return engine
 
 
@@ -203,7 +207,9 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
     On PostgreSQL the URL keeps its libpq-style TLS parameters (``engine.url`` shows them,
     and the relay's LISTEN connection reads them from there); each connection gets them
-    translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL.
+    translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL. The URL's
+    ``pooler=transaction`` (:mod:`outboxkit.outbox.pooler`) makes every connection safe behind
+    a transaction pooler.
     """
     url = async_url(url)
     _require_driver(url, sync=False)
@@ -213,6 +219,7 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
         _use_immediate_transactions(engine.sync_engine)
     elif dialect.url_tls:
         _translate_tls_for_asyncpg(engine.sync_engine, asyncpg_connect_args(engine.url))
+        use_pooler_setting(engine.sync_engine, sync=False)
     return engine
 
 

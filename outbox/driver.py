@@ -9,6 +9,11 @@ is compiled once for the engine's dialect and kept, and each call binds its para
 order and reads the one row back, on databases whose :class:`~outboxkit.outbox.dialects.Dialect`
 has ``driver_statements`` (PostgreSQL through asyncpg).
 
+Behind a transaction pooler (the URL's ``pooler=transaction``, :mod:`outboxkit.outbox.pooler`)
+the engine's connections have asyncpg's statement cache off, so each statement is the unnamed
+one, parsed again with its execution in one message: no server connection needs a statement
+another made. Without the setting, the failure the pooler causes is one line naming it.
+
 What it gives up: SQLAlchemy's cursor events (``before_cursor_execute``, ``echo``) do not see
 these statements. Errors are SQLAlchemy's still: a driver error is raised as a
 :class:`~sqlalchemy.exc.DBAPIError` wrapping it (parameters hidden: they carry payloads), and a
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from outboxkit.outbox.dialects import dialect_of
+from outboxkit.outbox.pooler import pooler_error
 from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
@@ -115,6 +121,9 @@ async def _on_driver(
         closed = bool(driver.is_closed())
         if closed:
             await connection.invalidate(error)
+        named = pooler_error(error)
+        if named is not None:
+            raise named from error
         raise DBAPIError.instance(
             sql,
             None,

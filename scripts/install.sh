@@ -23,6 +23,11 @@ if [ "$EXTRAS" != base ] && ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "installing systemd (apt, for systemd-analyze)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
 fi
+# PgBouncer in transaction mode: the pooler tests (outboxkit.testing.pgbouncer) start Debian's.
+if [ "$EXTRAS" != base ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "installing pgbouncer (apt)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+fi
 if [ "$EXTRAS" = base ]; then
   TARGET="."
 else

@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.testing.kafka import KafkaBroker, broker_from_env
-from outboxkit.testing.postgres import TlsCluster, throwaway_database, tls_cluster
+from outboxkit.testing.pgbouncer import PgBouncer, running_pgbouncer
+from outboxkit.testing.postgres import TlsCluster, server_url, throwaway_database, tls_cluster
 
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
-INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg"})
+INTEGRATION_FIXTURES = frozenset(
+    {"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg", "pgbouncer", "pgbouncer_url"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -76,6 +79,25 @@ def pg_url() -> Iterator[str]:
     """
     with throwaway_database("outboxkit_test") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test server, for the session (Debian's
+    ``pgbouncer``, which scripts/install.sh installs)."""
+    if shutil.which("pgbouncer") is None and not Path("/usr/sbin/pgbouncer").exists():
+        pytest.skip("pgbouncer is not installed (scripts/install.sh installs it)")
+    with running_pgbouncer(server_url()) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pgbouncer_url(pgbouncer: PgBouncer) -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database reached through PgBouncer in transaction
+    mode, without the ``pooler`` setting (add ``?pooler=transaction`` as the docs say); the
+    database is dropped after the test."""
+    with throwaway_database("outboxkit_pooled") as url:
+        yield pgbouncer.url_for(url)
 
 
 @pytest.fixture
