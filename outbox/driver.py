@@ -94,13 +94,34 @@ class DriverSession:
             )
 
 
-async def send_script(connection: AsyncConnection, script: str) -> str:
+async def send_script(
+    connection: AsyncConnection, script: str, *, notices: list[str] | None = None
+) -> str:
     """Send ``script``, statements separated by ``;`` and no parameters, as one message on
     ``connection``'s driver connection (asyncpg's simple query protocol; ``connection`` in
     autocommit): the server runs them in one implicit transaction, on one server session
     (through a transaction-mode pooler too), and commits when the last ends. Returns the
-    last statement's status (``DELETE 42``). Errors as :meth:`DriverSession.first`'s."""
-    return str(await _on_driver(connection, script, lambda driver: driver.execute(script)))
+    last statement's status (``DELETE 42``); the messages of the notices the script sent are
+    appended to ``notices`` when given. Errors as :meth:`DriverSession.first`'s."""
+
+    async def execute(driver: Any) -> Any:
+        if notices is None:
+            return await driver.execute(script)
+
+        def heard(_connection: Any, message: Any) -> None:
+            notices.append(str(message.message))
+
+        driver.add_log_listener(heard)
+        try:
+            status = await driver.execute(script)
+            # asyncpg calls listeners soon after the message, which comes before the reply:
+            # they have run once the reply's waiter has (one more turn of the loop, to be sure).
+            await asyncio.sleep(0)
+            return status
+        finally:
+            driver.remove_log_listener(heard)
+
+    return str(await _on_driver(connection, script, execute))
 
 
 async def _on_driver(

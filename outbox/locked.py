@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from outboxkit.outbox.dialects.base import LockedBlock
 from outboxkit.outbox.driver import send_script
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = logging.getLogger(__name__)
@@ -32,11 +31,9 @@ class Held:
 
 async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
     """Send ``block`` in autocommit on ``connection``, its values first in the same message
-    (:func:`~outboxkit.outbox.driver.send_script`: one transaction on one server session), then
-    read its results back on the same connection: one more round trip, holding no lock.
-    Through a transaction-mode pooler (PgBouncer's) that read may reach another server
-    session and report another block's counts: what the block did is unaffected, only the
-    figures it reports. ``connection`` is either in autocommit
+    (:func:`~outboxkit.outbox.driver.send_script`: one transaction on one server session), and
+    read its results from the notice it ends with, in its own reply: the same server session
+    through a transaction-mode pooler (PgBouncer's) too. ``connection`` is either in autocommit
     already (``session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})``)
     or outside a transaction, in which case it is put in autocommit for the block and back
     to its isolation level after it."""
@@ -52,9 +49,10 @@ async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
     try:
         script = block.sql if block.values_sql is None else f"{block.values_sql};\n{block.sql}"
         started = time.perf_counter()
-        await send_script(connection, script)
+        notices: list[str] = []
+        await send_script(connection, script, notices=notices)
         round_trip_ms = (time.perf_counter() - started) * 1000
-        rows, server_ms = (await connection.execute(text(block.result_sql))).one()
+        rows, server_ms = _results(block, notices)
     finally:
         if switch:
             # Nothing is sent in autocommit: this ends SQLAlchemy's record of a transaction,
@@ -70,3 +68,13 @@ async def run_locked(connection: AsyncConnection, block: LockedBlock) -> Held:
         held.server_ms,
     )
     return held
+
+
+def _results(block: LockedBlock, notices: list[str]) -> tuple[str, str]:
+    """The row count and server milliseconds of the block's last notice of its results."""
+    for message in reversed(notices):
+        prefix, _, figures = message.partition(" ")
+        if prefix == block.result_notice:
+            rows, _, server_ms = figures.partition(" ")
+            return rows, server_ms
+    raise RuntimeError("the locked block ended without the notice of its results")

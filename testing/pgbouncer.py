@@ -2,8 +2,9 @@
 ``pgbouncer`` (scripts/install.sh installs it) in a temporary folder of its own, on a free port.
 
 Every transaction may run on another server connection, as in production behind a transaction
-pooler: the pool is small (:data:`POOL_SIZE` server connections per database and user), so
-transactions hop between them. PgBouncer refuses to run as root: started by root it runs as the
+pooler: the pool is small (:data:`POOL_SIZE` server connections per database and user), handed
+out in turn (``server_round_robin``), so once :meth:`PgBouncer.fill_pool` has opened them all,
+a client's consecutive transactions run on different ones, as under a busy application's load. PgBouncer refuses to run as root: started by root it runs as the
 ``postgres`` user (``-u postgres``).
 """
 
@@ -43,6 +44,22 @@ class PgBouncer:
         url = make_url(database_url).set(host="127.0.0.1", port=self.port)
         return url.render_as_string(hide_password=False)
 
+    async def fill_pool(self, database_url: str) -> None:
+        """Make PgBouncer open every server connection of ``database_url``'s pool (each of
+        :data:`POOL_SIZE` clients holding one at once), so that the next transactions rotate
+        over them."""
+        import asyncio
+
+        import asyncpg
+
+        url = make_url(self.url_for(database_url)).set(drivername="postgresql", query={})
+        dsn = url.render_as_string(hide_password=False)
+        clients = [await asyncpg.connect(dsn, statement_cache_size=0) for _ in range(POOL_SIZE)]
+        try:
+            await asyncio.gather(*(c.execute("SELECT pg_sleep(0.2)") for c in clients))
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+
     @property
     def log_text(self) -> str:
         """PgBouncer's log so far (for a failing test's message)."""
@@ -79,6 +96,7 @@ def running_pgbouncer(server_url: str, *, pool_size: int = POOL_SIZE) -> Iterato
         f"default_pool_size = {pool_size}\n"
         "min_pool_size = 0\n"
         "reserve_pool_size = 0\n"
+        "server_round_robin = 1\n"
         "max_client_conn = 1000\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
         f"logfile = {folder / 'pgbouncer.log'}\n"

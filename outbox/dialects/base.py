@@ -35,10 +35,11 @@ class LockedBlock:
 
     sql: str
     """The one statement, sent in autocommit: it takes no parameters."""
-    result_sql: str
-    """Reads back, on the same connection after it, what the block left in its session: the
-    sum of its statements' row counts, and the milliseconds it ran in the server from before
-    its first statement to its end (its commit excluded)."""
+    result_notice: str
+    """The start of the ``NOTICE`` the block sends as it ends, on its own connection (through a
+    transaction-mode pooler too, its server session being the block's), followed by the sum of
+    its statements' row counts and the milliseconds it ran in the server from before its first
+    statement to its end (its commit excluded), separated by spaces."""
     values_sql: str | None = None
     """Hands the block its values, in settings local to its transaction: sent in the same
     message just before it (its values written in it as literals); ``None`` when it has

@@ -14,11 +14,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableClause
 from sqlalchemy.types import TypeEngine
 
-# The dollar quote of a locked block's body, the session settings it leaves its results in,
-# and the prefix of those that hand it its values.
+# The dollar quote of a locked block's body, the start of the NOTICE it sends its results in,
+# and the prefix of the settings that hand it its values.
 _QUOTE = "$outboxkit_block$"
-_ROWS = "outboxkit.block_rows"
-_SERVER_MS = "outboxkit.block_ms"
+_NOTICE = "outboxkit.block"
 _SETTING = "outboxkit.block_value_"
 _VARIABLE = re.compile(r"[a-z][a-z0-9_]{0,40}")
 _SQLSTATE = re.compile(r"[0-9A-Z]{5}")
@@ -113,9 +112,13 @@ class PostgreSQL(Dialect):
         """A PL/pgSQL ``DO`` block, sent in autocommit: its statements take their table
         locks when each runs (a plain statement takes them when it is parsed, before any
         ``set_config`` in it), so the ``lock_timeout`` it sets first bounds all of them; its
-        implicit transaction commits when it ends. ``GET DIAGNOSTICS`` sums the row counts
-        into a session setting (a ``DO`` returns nothing), with the time it ran by
-        ``clock_timestamp()``.
+        implicit transaction commits when it ends. ``GET DIAGNOSTICS`` sums the row counts,
+        which the block sends back in a ``NOTICE`` as it ends (a ``DO`` returns nothing), with
+        the time it ran by ``clock_timestamp()``: in the block's own reply, so on its server
+        session even through a transaction-mode pooler, with no round trip more (a session
+        setting read by a second statement could be another session's). ``client_min_messages``
+        is set to ``notice`` for the block's transaction, so a client that asked for fewer
+        messages still gets it.
 
         A ``DO`` takes no parameters: ``values`` travel in settings local to the block's
         transaction, set by a ``SELECT set_config(..., true)`` sent in the same message just
@@ -158,9 +161,9 @@ class PostgreSQL(Dialect):
             lines += [f"{statement};", "GET DIAGNOSTICS changed = ROW_COUNT;"]
             lines.append("total := total + changed;")
         lines += [
-            f"PERFORM set_config('{_ROWS}', total::text, false);",
-            f"PERFORM set_config('{_SERVER_MS}',"
-            " (extract(epoch FROM clock_timestamp() - started) * 1000)::text, false);",
+            "PERFORM set_config('client_min_messages', 'notice', true);",
+            f"RAISE NOTICE '{_NOTICE} % %', total,"
+            " extract(epoch FROM clock_timestamp() - started) * 1000;",
             "END",
             _QUOTE,
         ]
@@ -170,10 +173,7 @@ class PostgreSQL(Dialect):
         )
         return LockedBlock(
             sql="\n".join(lines),
-            result_sql=(
-                f"SELECT current_setting('{_ROWS}')::bigint,"
-                f" current_setting('{_SERVER_MS}')::float8"
-            ),
+            result_notice=_NOTICE,
             values_sql=f"SELECT {handing}" if texts else None,
         )
 
