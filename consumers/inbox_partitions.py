@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from outboxkit.consumers.metrics import RETENTION_SKIPPED, RETENTION_SKIPPED_IN_A_ROW
 from outboxkit.consumers.tables import inbox_windows
 from outboxkit.outbox.dialects import POSTGRESQL
-from outboxkit.outbox.dialects.base import BlockValue
+from outboxkit.outbox.dialects.base import BlockValue, Refusal
 from outboxkit.outbox.locked import run_locked
 from outboxkit.outbox.partitions import (
     LOCK_NOT_AVAILABLE,
@@ -41,7 +42,7 @@ from outboxkit.outbox.partitions import (
     range_partitions,
 )
 from outboxkit.outbox.secrecy import sqlstate
-from sqlalchemy import select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -66,7 +67,17 @@ CHUNK = 1_000
 KEEP_CAP = 10_000
 """A partition with more claims than this still inside their windows is not dropped yet."""
 # An advisory lock key: one maintainer at a time among the consumers sharing the database.
+# Taken for one transaction at a time only (pg_try_advisory_xact_lock), never for a session:
+# through a transaction-mode pooler a session lock stays on whichever server connection took
+# it, and its unlock may run on another.
 _MAINTAINER_LOCK = 0x6F62_696E_626F_7870  # "obinboxp"
+_OTHER_MAINTAINER = "OBX02"  # a step's block found the maintainer's lock held
+_MAINTAINER_STEP = Refusal(f"NOT pg_try_advisory_xact_lock({_MAINTAINER_LOCK})", _OTHER_MAINTAINER)
+"""The first step of each maintenance block: the maintainer's lock, for its transaction."""
+OTHER_PASS = "another consumer's retention pass holds the inbox maintainer's lock"
+SKIPS_WARNED = 5
+"""Passes skipped in a row, by a consumer, after which a WARNING says so (and every as many
+more)."""
 
 
 def width_ms(window_ms: int) -> int:
@@ -87,8 +98,9 @@ class Maintenance:
     """Partitions not attached or dropped this pass: a writer held the lock they needed
     longer than :data:`LOCK_TIMEOUT_MS`. The next pass tries again."""
     deleted: int = 0
-    skipped: bool = False
-    """Another consumer held the maintainer's lock: this pass did nothing."""
+    skipped: str | None = None
+    """Why the pass stopped before its end (another consumer's pass was at work: it held the
+    maintainer's lock); ``None`` when it ran to its end."""
 
     @property
     def removed(self) -> int:
@@ -96,10 +108,16 @@ class Maintenance:
         return self.deleted + sum(d.rows - d.kept for d in self.dropped)
 
 
-async def _now_ms(connection: AsyncConnection) -> int:
-    now: int = (await connection.execute(select(POSTGRESQL.now_ms()))).scalar_one()
+async def _now_ms_if_free(connection: AsyncConnection) -> int | None:
+    """The database clock, if no other maintainer is in a step now (``None`` otherwise): the
+    maintainer's lock taken and released in the same transaction."""
+    free, now = (
+        await connection.execute(
+            select(func.pg_try_advisory_xact_lock(_MAINTAINER_LOCK), POSTGRESQL.now_ms())
+        )
+    ).one()
     await connection.commit()
-    return now
+    return int(now) if free else None
 
 
 def _timed(partitions: list[RangePartition]) -> list[RangePartition]:
@@ -134,6 +152,7 @@ async def ensure_ahead(
             upper=start + width,
             default=DEFAULT,
             lock_timeout_ms=LOCK_TIMEOUT_MS,
+            refusals=(_MAINTAINER_STEP,),
         )
         if isinstance(moved, Busy):
             return created, [name]
@@ -217,6 +236,7 @@ async def drop_expired(
             keep=keep,
             keep_cap=KEEP_CAP,
             lock_timeout_ms=LOCK_TIMEOUT_MS,
+            refusals=(_MAINTAINER_STEP,),
         )
         if isinstance(outcome, Dropped):
             dropped.append(outcome)
@@ -255,7 +275,10 @@ async def delete_old_claims(
     if consumer is not None:
         values["claims_consumer"] = consumer
     block = POSTGRESQL.locked_block(
-        [statement], lock_timeout_ms=LOCK_TIMEOUT_MS, commit_without_flush=True, values=values
+        [_MAINTAINER_STEP, statement],
+        lock_timeout_ms=LOCK_TIMEOUT_MS,
+        commit_without_flush=True,
+        values=values,
     )
     assert block is not None  # PostgreSQL has them
     removed = 0
@@ -310,55 +333,95 @@ async def purge_partitioned(
     does); then drop expired partitions and delete old claims of the chunk-purged tables.
 
     ``consumer`` ``None``: every consumer's claims older than ``window_ms`` go. Only one
-    maintainer at a time: a pass that finds another running does nothing (``skipped``).
+    maintainer at a time: each step's block takes the maintainer's advisory lock for its own
+    transaction first, so no session state outlives a transaction (a transaction-mode pooler
+    may run the next one on another server connection). A pass that finds the lock held, when
+    it starts or at a step, stops there (``skipped`` says why; one log line), and a consumer's
+    passes skipped :data:`SKIPS_WARNED` times in a row are a WARNING (and the
+    ``outboxkit_inbox_retention_skipped`` metrics). Each step is whole: a pass stopped between
+    two leaves nothing half done.
     """
     done = Maintenance()
     async with engine.connect() as connection:
-        locked = (
-            await connection.execute(
-                text("SELECT pg_try_advisory_lock(:key)"), {"key": _MAINTAINER_LOCK}
-            )
-        ).scalar_one()
-        await connection.commit()
-        if not locked:
-            done.skipped = True
-            return done
+        now = await _now_ms_if_free(connection)
         try:
-            if consumer is not None and ahead_ms is not None:
-                await record_window(connection, consumer, window_ms)
-            now = await _now_ms(connection)
-            if ahead_ms is not None:
-                done.created, done.busy = await ensure_ahead(
-                    connection, width=width_ms(window_ms), ahead_ms=ahead_ms, now_ms=now
-                )
-            recorded = [] if consumer is None else list((await _windows(connection)).values())
-            await connection.commit()
-            keep = _keep_inside_windows(
-                consumer, window_ms, now, longest_ms=max([window_ms, *recorded])
-            )
-            done.dropped, done.postponed, busy = await drop_expired(
-                connection, horizon_ms=now - min([window_ms, *recorded]), keep=keep
-            )
-            done.busy += busy
-            for name in done.busy:
-                log.info("inbox partition %s busy (its lock was not granted): next pass", name)
-            for postponed in done.postponed:
-                log.info(
-                    "inbox partition %s kept: over %d claims still inside their windows",
-                    postponed.name,
-                    KEEP_CAP,
-                )
-            for table in CHUNKED:
-                done.deleted += await delete_old_claims(
-                    connection,
-                    table,
-                    consumer=consumer,
-                    cutoff_ms=now - window_ms,
-                    chunk_size=min(chunk_size, CHUNK),
-                )
-        finally:
-            await connection.execute(
-                text("SELECT pg_advisory_unlock(:key)"), {"key": _MAINTAINER_LOCK}
-            )
-            await connection.commit()
+            if now is None:
+                done.skipped = OTHER_PASS
+            else:
+                await _maintain(connection, done, consumer, window_ms, chunk_size, ahead_ms, now)
+        except DBAPIError as error:
+            if sqlstate(error) != _OTHER_MAINTAINER:
+                raise
+            await connection.rollback()
+            done.skipped = OTHER_PASS
+    _count_skip(consumer, done)
     return done
+
+
+async def _maintain(
+    connection: AsyncConnection,
+    done: Maintenance,
+    consumer: str | None,
+    window_ms: int,
+    chunk_size: int,
+    ahead_ms: int | None,
+    now: int,
+) -> None:
+    """The steps of a pass that found the maintainer's lock free at ``now``."""
+    if consumer is not None and ahead_ms is not None:
+        await record_window(connection, consumer, window_ms)
+    if ahead_ms is not None:
+        done.created, done.busy = await ensure_ahead(
+            connection, width=width_ms(window_ms), ahead_ms=ahead_ms, now_ms=now
+        )
+    recorded = [] if consumer is None else list((await _windows(connection)).values())
+    await connection.commit()
+    keep = _keep_inside_windows(consumer, window_ms, now, longest_ms=max([window_ms, *recorded]))
+    done.dropped, done.postponed, busy = await drop_expired(
+        connection, horizon_ms=now - min([window_ms, *recorded]), keep=keep
+    )
+    done.busy += busy
+    for name in done.busy:
+        log.info("inbox partition %s busy (its lock was not granted): next pass", name)
+    for postponed in done.postponed:
+        log.info(
+            "inbox partition %s kept: over %d claims still inside their windows",
+            postponed.name,
+            KEEP_CAP,
+        )
+    for table in CHUNKED:
+        done.deleted += await delete_old_claims(
+            connection,
+            table,
+            consumer=consumer,
+            cutoff_ms=now - window_ms,
+            chunk_size=min(chunk_size, CHUNK),
+        )
+
+
+_skipped_in_a_row: dict[str, int] = {}
+
+
+def _count_skip(consumer: str | None, done: Maintenance) -> None:
+    """Log a skipped pass (one line), count it, and WARN at every :data:`SKIPS_WARNED` in a
+    row; a pass that ran to its end starts the count again."""
+    name = consumer or "*"
+    if done.skipped is None:
+        if _skipped_in_a_row.pop(name, 0) >= SKIPS_WARNED:
+            log.info("inbox retention of %s ran again after skipped passes", name)
+        RETENTION_SKIPPED_IN_A_ROW.labels(name).set(0)
+        return
+    streak = _skipped_in_a_row.get(name, 0) + 1
+    _skipped_in_a_row[name] = streak
+    RETENTION_SKIPPED.labels(name).inc()
+    RETENTION_SKIPPED_IN_A_ROW.labels(name).set(streak)
+    if streak % SKIPS_WARNED == 0:
+        log.warning(
+            "inbox retention of %s skipped %d passes in a row: %s (claims are not forgotten"
+            " meanwhile; a pass stuck elsewhere, or a session lock a pooler kept, would do this)",
+            name,
+            streak,
+            done.skipped,
+        )
+    else:
+        log.info("inbox retention pass of %s skipped: %s", name, done.skipped)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import IllegalStateError
-from prometheus_client import Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,18 @@ COMMIT_TO_EFFECT = Histogram(
     "From the event's time to the commit of its effect (events without time: not observed).",
     ["consumer"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+
+RETENTION_SKIPPED = Counter(
+    "outboxkit_inbox_retention_skipped",
+    "Inbox retention passes skipped: another consumer's pass held the maintainer's lock.",
+    ["consumer"],
+)
+
+RETENTION_SKIPPED_IN_A_ROW = Gauge(
+    "outboxkit_inbox_retention_skipped_in_a_row",
+    "Inbox retention passes skipped since the last one that ran to its end.",
+    ["consumer"],
 )
 
 

@@ -58,6 +58,8 @@ class KeepRows:
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout expires
 _POSTPONED = "OBX01"  # raised by a drop's block with more rows to keep than its cap
+_ATTACHED = "OBX03"  # raised by an attach's block finding the partition attached already
+_UNDEFINED_TABLE = "42P01"
 _BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -151,27 +153,33 @@ async def attach_range(
     upper: int,
     default: str | None,
     lock_timeout_ms: int,
+    refusals: tuple[Refusal, ...] = (),
 ) -> int | Busy:
     """Create ``name`` for ``lower <= key < upper`` and attach it to ``table``; return how many
     rows it took over from the ``default`` partition (usually none: rows written for a range
-    before its partition existed), or :class:`Busy` when a lock was not granted within
-    ``lock_timeout_ms`` (the built table is dropped again). ``connection`` is outside a
-    transaction.
+    before its partition existed), 0 when ``name`` is attached already (another maintainer's
+    pass did it), or :class:`Busy` when a lock was not granted within ``lock_timeout_ms``
+    (nothing changed). ``connection`` is outside a transaction.
 
-    The table and its indexes are built first, in a transaction of their own that locks
-    nothing shared; the attach is then one locked block (:mod:`outboxkit.outbox.locked`):
-    it locks the default partition's writers out, moves the rows of the range it holds (if
-    any) and attaches, finding the indexes built and the range already checked (the table
-    keeps that ``CHECK``: the same as its bound), and commits, all inside the server with no
-    client round trip while the locks are held."""
+    One locked block (:mod:`outboxkit.outbox.locked`), so no maintainer ever leaves a table
+    built and not attached: ``refusals`` first (the caller's, e.g. a maintainer's lock for the
+    block's transaction), then a table of that name left unattached (by a crash of a release
+    that built it in a transaction of its own) is dropped, the table and its range ``CHECK``
+    (the same as its bound) are built, locking nothing writers use; then the default
+    partition's writers are locked out, the rows of the range it holds (if any) move and the
+    partition attaches, finding the indexes built and the range checked; it commits, all inside
+    the server with no client round trip while the locks are held."""
     parent, child, column = _identifier(table), _identifier(name), _identifier(key)
     in_range = f"{column} >= {int(lower)} AND {column} < {int(upper)}"
-    async with connection.begin():
-        await connection.execute(text(f"CREATE TABLE {child} (LIKE {parent} INCLUDING ALL)"))
-        await connection.execute(
-            text(f"ALTER TABLE {child} ADD CONSTRAINT {child}_range CHECK ({in_range})")
-        )
-    statements = []
+    statements: list[str | Refusal] = [
+        *refusals,
+        Refusal(
+            f"EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass('{child}'))", _ATTACHED
+        ),
+        f"DROP TABLE IF EXISTS {child}",
+        f"CREATE TABLE {child} (LIKE {parent} INCLUDING ALL)",
+        f"ALTER TABLE {child} ADD CONSTRAINT {child}_range CHECK ({in_range})",
+    ]
     if default is not None:
         held = _identifier(default)
         # Writers of the default partition wait from here: none may add a row of the range
@@ -191,14 +199,13 @@ async def attach_range(
     if block is None:
         raise ValueError("range partitions need a database with locked blocks")
     try:
-        moved = (await run_locked(connection, block)).rows
-    except BaseException as error:
-        async with connection.begin():
-            await connection.execute(text(f"DROP TABLE IF EXISTS {child}"))
-        if isinstance(error, DBAPIError) and sqlstate(error) == LOCK_NOT_AVAILABLE:
+        return (await run_locked(connection, block)).rows
+    except DBAPIError as error:
+        if sqlstate(error) == LOCK_NOT_AVAILABLE:
             return Busy(name)
+        if sqlstate(error) == _ATTACHED:
+            return 0
         raise
-    return moved
 
 
 async def drop_range(
@@ -209,25 +216,38 @@ async def drop_range(
     keep: KeepRows,
     keep_cap: int,
     lock_timeout_ms: int,
+    refusals: tuple[Refusal, ...] = (),
 ) -> Dropped | Postponed | Busy:
     """Detach ``name`` from ``table`` and drop it, keeping the rows ``keep`` selects: they move
     back into ``table`` in the same transaction, under the parent's exclusive lock, so no reader
     misses them and no writer adds a row to the partition after they were chosen. More than
     ``keep_cap`` of them, or one of ``keep.not_now`` true: nothing changes
     (:class:`Postponed`); the lock not granted within
-    ``lock_timeout_ms``: nothing changes either (:class:`Busy`). ``connection`` is outside a
-    transaction.
+    ``lock_timeout_ms``, or the partition detached or dropped by another maintainer's pass
+    meanwhile: nothing changes either (:class:`Busy`). ``refusals`` (the caller's) come first
+    in the block. ``connection`` is outside a transaction.
 
     The lock, the count of the rows to keep, the detach and their move are one locked block
     (:mod:`outboxkit.outbox.locked`), committed inside the server with no client round trip
     while the lock is held; the ``DROP TABLE`` after it locks only the detached table."""
     parent, child = _identifier(table), _identifier(name)
-    async with connection.begin():
-        rows = (await connection.execute(text(f"SELECT count(*) FROM {child}"))).scalar_one()
+    try:
+        async with connection.begin():
+            rows = (await connection.execute(text(f"SELECT count(*) FROM {child}"))).scalar_one()
+    except DBAPIError as error:
+        if sqlstate(error) == _UNDEFINED_TABLE:  # dropped by another maintainer's pass
+            return Busy(name)
+        raise
     kept = keep.query.replace("{partition}", child)
     cap = int(keep_cap)
     statements: list[str | Refusal] = [
+        *refusals,
         f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE",
+        Refusal(
+            f"NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass('{child}')"
+            f" AND inhparent = to_regclass('{parent}'))",
+            LOCK_NOT_AVAILABLE,
+        ),
         *(Refusal(condition, _POSTPONED) for condition in keep.not_now),
         Refusal(f"(SELECT count(*) FROM ({kept} LIMIT {cap + 1}) k) > {cap}", _POSTPONED),
         f"ALTER TABLE {parent} DETACH PARTITION {child}",

@@ -4,8 +4,9 @@
 Every transaction may run on another server connection, as in production behind a transaction
 pooler: the pool is small (:data:`POOL_SIZE` server connections per database and user), handed
 out in turn (``server_round_robin``), so once :meth:`PgBouncer.fill_pool` has opened them all,
-a client's consecutive transactions run on different ones, as under a busy application's load. PgBouncer refuses to run as root: started by root it runs as the
-``postgres`` user (``-u postgres``).
+a client's consecutive transactions run on different ones, as under a busy application's load.
+PgBouncer refuses to run as root: started by root it runs as the ``postgres`` user
+(``-u postgres``).
 """
 
 from __future__ import annotations

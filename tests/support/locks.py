@@ -13,20 +13,19 @@ def locks_left_by_scripts(
 ) -> list[int]:
     """A list that, from now on, gets for each locked block's script containing ``marker``
     the number of locks its server session held right after the script returned (read by
-    ``observer`` from ``pg_locks``), advisory locks aside: a caller may hold one for the
-    session, as the inbox's maintainer does."""
+    ``observer`` from ``pg_locks``)."""
     counts: list[int] = []
     sent = locked.send_script
 
-    async def counting(connection: AsyncConnection, script: str) -> str:
-        status = await sent(connection, script)
+    async def counting(
+        connection: AsyncConnection, script: str, *, notices: list[str] | None = None
+    ) -> str:
+        status = await sent(connection, script, notices=notices)
         if marker in script:
             pid = (await connection.get_raw_connection()).driver_connection.get_server_pid()
             with observer.connect() as looking:
                 held = looking.scalar(
-                    text(
-                        "SELECT count(*) FROM pg_locks WHERE pid = :pid AND locktype <> 'advisory'"
-                    ),
+                    text("SELECT count(*) FROM pg_locks WHERE pid = :pid"),
                     {"pid": pid},
                 )
             counts.append(int(held or 0))
