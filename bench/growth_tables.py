@@ -448,12 +448,14 @@ class TransactionTimer:
         # see: its round trip is timed around outboxkit.outbox.locked's send_script.
         sent_alone = locked.send_script
 
-        async def timed_script(connection: AsyncConnection, script: str) -> str:
+        async def timed_script(
+            connection: AsyncConnection, script: str, *, notices: list[str] | None = None
+        ) -> str:
             if connection.sync_engine is not engine.sync_engine:
-                return await sent_alone(connection, script)
+                return await sent_alone(connection, script, notices=notices)
             sent = time.perf_counter()
             try:
-                return await sent_alone(connection, script)
+                return await sent_alone(connection, script, notices=notices)
             finally:
                 self._record(sent, script)
 

@@ -8,13 +8,18 @@ be lost with the connection (or never sent, on SQLite).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from outboxkit.outbox.db import TLS_PARAMETERS, asyncpg_connect_args, pg_tls
 from outboxkit.outbox.extras import POSTGRES, require
+from outboxkit.outbox.pooler import listen_url, without_pooler
 from sqlalchemy.engine import URL, make_url
+
+log = logging.getLogger(__name__)
+_said_polling = False
 
 
 class ListenRefusedError(ConnectionError):
@@ -37,12 +42,19 @@ async def listening(
     """LISTEN on ``channel``; call ``on_notify(payload)`` for every notification meanwhile.
 
     Yields an event that is set if the connection is lost (no more notifications then). Raises
-    one of :data:`LISTEN_ERRORS` if the connection cannot be made.
+    one of :data:`LISTEN_ERRORS` if the connection cannot be made. Behind a transaction pooler
+    (``pooler=transaction``) the connection goes to the URL's ``listen_host``; without one
+    nothing is heard (the caller polls, as it does anyway) and a line says so, once a process.
     """
     asyncpg = require("asyncpg", POSTGRES, "LISTEN/NOTIFY")
+    target = listen_url(db_url)
+    if target is None:
+        _say_polling()
+        yield asyncio.Event()  # never set: nothing to lose
+        return
     try:
         connection = await asyncpg.connect(
-            listen_dsn(db_url), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
+            listen_dsn(target), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
         )
     except asyncpg.PostgresError as error:
         raise ListenRefusedError(str(error)) from error
@@ -69,10 +81,21 @@ def listen_dsn(db_url: str | URL) -> str:
     ``sslmode``, loopback gets ``disable``); :func:`listening` also passes asyncpg the engines'
     ``ssl=`` (:func:`~outboxkit.outbox.db.asyncpg_connect_args`), which wins.
     """
-    url = make_url(db_url).set(drivername="postgresql")
+    url = without_pooler(make_url(db_url)).set(drivername="postgresql")
     query = pg_tls(url).libpq_query()
     url = url.difference_update_query(TLS_PARAMETERS).update_query_dict(query)
     return url.render_as_string(hide_password=False)
+
+
+def _say_polling() -> None:
+    global _said_polling
+    if not _said_polling:
+        _said_polling = True
+        log.warning(
+            "LISTEN skipped: the database URL goes through a transaction pooler"
+            " (pooler=transaction) and names no listen_host=HOST:PORT of the server itself;"
+            " polling instead"
+        )
 
 
 async def _close(connection: Any) -> None:
