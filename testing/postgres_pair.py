@@ -149,12 +149,12 @@ class FailoverPair:
         target = _query(self.ports[self.primary], "SELECT pg_current_wal_insert_lsn()")
         for name in self.standbys:
             port = self.ports[name]
-            _wait_for(
-                lambda port=port: (
-                    _query(port, f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn") == "t"
-                ),
-                f"{name} replayed {target}",
-            )
+
+            def replayed(port: int = port) -> bool:
+                sql = f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
+                return _query(port, sql) == "t"
+
+            _wait_for(replayed, f"{name} replayed {target}")
 
     def drop(self) -> None:
         """Close the front door and drop every cluster."""
