@@ -43,16 +43,17 @@ _SERVER = text(
 # messages are its subtransaction's: listed by the top commit), and all of them.
 _COUNT = text(
     "WITH r AS (SELECT xid, resource_manager AS rm, record_type AS kind, description AS d "
-    " FROM pg_get_wal_records_info(CAST(:from_lsn AS pg_lsn), CAST(:to_lsn AS pg_lsn)) "
+    " FROM pg_get_wal_records_info(CAST(CAST(:from_lsn AS text) AS pg_lsn), "
+    "CAST(CAST(:to_lsn AS text) AS pg_lsn)) "
     " WHERE resource_manager IN ('LogicalMessage', 'Transaction')), "
     "commits AS (SELECT xid, d FROM r WHERE rm = 'Transaction' AND kind LIKE 'COMMIT%'), "
-    "committed AS (SELECT xid FROM commits UNION SELECT CAST(sub AS xid) FROM commits, "
+    "committed AS (SELECT CAST(xid AS text) AS x FROM commits UNION SELECT sub FROM commits, "
     " unnest(string_to_array(substring(d FROM 'subxacts: ([0-9 ]+)'), ' ')) AS sub "
     " WHERE sub <> ''), "
-    "messages AS (SELECT xid FROM r WHERE rm = 'LogicalMessage' "
+    "messages AS (SELECT CAST(xid AS text) AS x FROM r WHERE rm = 'LogicalMessage' "
     " AND d LIKE 'transactional, prefix \"outboxkit\";%') "
-    "SELECT count(*) FILTER (WHERE CAST(xid AS text) IN "
-    " (SELECT CAST(xid AS text) FROM committed)) AS lost, count(*) AS messages FROM messages"
+    "SELECT count(*) FILTER (WHERE x IN (SELECT x FROM committed)) AS lost, "
+    "count(*) AS messages FROM messages"
 )
 
 

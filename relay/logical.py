@@ -684,13 +684,13 @@ class LogicalStream:
             )
             return
         gap = await failover.record_gap(self.relay.engine, name, cause, old, starts, lost, note)
+        await self._show_gaps()
         log.error(
             "%s (%s); kept until acknowledged: outboxkit outbox gaps --ack %d",
             gap.line(),
             gap.count_note,
             gap.id,
         )
-        await self._show_gaps()
 
     async def _show_gaps(self) -> None:
         """Unacknowledged WAL-message gaps to the metrics and ``/readyz``."""

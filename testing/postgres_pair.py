@@ -118,14 +118,14 @@ class FailoverPair:
         """Make a new streaming standby of the current primary; return its cluster name."""
         name = f"{self.primary.rsplit('_', 1)[0]}_{len(self.clusters)}"
         port = _free_port()
-        _run("pg_createcluster", self.version, name, "-p", str(port))
+        _run("pg_createcluster", self.version, name, "-p", str(port), "--", "--no-sync")
         self.clusters.append(name)
         self.ports[name] = port
         _configure(self.version, name)
         data = Path("/var/lib/postgresql") / self.version / name
         shutil.rmtree(data)
         _as_postgres(
-            "pg_basebackup", "-D", str(data), "-R", "-X", "stream", "-c", "fast",
+            "pg_basebackup", "-D", str(data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
             "-h", "127.0.0.1", "-p", str(self.ports[self.primary]), "-U", "postgres",
         )  # fmt: skip
         _pg_ctlcluster(self.version, name, "start")
@@ -133,16 +133,22 @@ class FailoverPair:
         _wait_for(lambda: _in_recovery(port) is True, f"standby {name} streaming")
         return name
 
-    def promote(self) -> str:
-        """Crash the primary (immediate shutdown), promote the first standby, point the front
-        door at it; return its cluster name. The old primary stays down."""
+    def promote(self, *, open_door: bool = True) -> str:
+        """Crash the primary (immediate shutdown), promote the first standby and (unless
+        ``open_door`` is false: then clients reach nothing until :meth:`open_door`) point the
+        front door at it; return its cluster name. The old primary stays down."""
         new = self.standbys.pop(0)
         _pg_ctlcluster(self.version, self.primary, "stop", "-m", "immediate")
         _pg_ctlcluster(self.version, new, "promote")
         _wait_for(lambda: _in_recovery(self.ports[new]) is False, f"{new} promoted")
         self.primary = new
-        self.door.switch(self.ports[new])
+        if open_door:
+            self.open_door()
         return new
+
+    def open_door(self) -> None:
+        """Point the front door at the current primary."""
+        self.door.switch(self.ports[self.primary])
 
     def wait_replayed(self) -> None:
         """Wait until every standby replayed the primary's WAL as of now."""
@@ -175,7 +181,7 @@ def failover_pair() -> Iterator[FailoverPair]:
     port = _free_port()
     pair = FailoverPair(version, primary, {primary: port}, FrontDoor(port), clusters=[primary])
     try:
-        _run("pg_createcluster", version, primary, "-p", str(port))
+        _run("pg_createcluster", version, primary, "-p", str(port), "--", "--no-sync")
         _configure(version, primary)
         _pg_ctlcluster(version, primary, "start")
         _as_postgres(
