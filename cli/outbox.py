@@ -1,17 +1,19 @@
-"""``outboxkit outbox``: list parked or pending outbox rows, requeue parked ones."""
+"""``outboxkit outbox``: list parked or pending outbox rows, requeue parked ones, and the
+WAL-message gaps lost with a logical slot."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import typer
 from outboxkit.cli.errors import CliError
 from outboxkit.cli.options import DbUrlOption, JsonOption, TimeoutOption, settings_from
 from outboxkit.ops.access import database_bounded, ops_engine, require_tables
-from outboxkit.ops.formatting import format_age, format_ms, ops_console
+from outboxkit.ops.formatting import format_age, format_ms, ops_console, os_user, ranges
 from outboxkit.ops.outbox_rows import (
     OutboxRow,
     RequeueRefused,
@@ -21,19 +23,22 @@ from outboxkit.ops.outbox_rows import (
     requeue,
     requeue_all_parked,
 )
+from outboxkit.ops.slot_gaps import Gap, acknowledge, list_gaps
 from outboxkit.outbox import jsonable
-from outboxkit.outbox.tables import outbox_events
+from outboxkit.outbox.tables import outbox_events, outbox_slot_gaps
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 outbox_app = typer.Typer(
-    help="The outbox: pending, parked and scheduled rows, requeue.", no_args_is_help=True
+    help="The outbox: pending, parked and scheduled rows, requeue, WAL-message gaps.",
+    no_args_is_help=True,
 )
 
 T = TypeVar("T")
 ERROR_WIDTH = 80
 IdsArgument = typer.Argument(None, help="Ids of parked rows.")
+AckOption = typer.Option(None, "--ack", help="Acknowledge the gap with this id (repeatable).")
 
 
 def _run(db_url: str | None, timeout: float, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
@@ -142,3 +147,56 @@ def requeue_command(
         typer.echo(json.dumps({"requeued": outcome, "ids": chosen}, indent=2))
         return
     typer.echo(f"requeued {outcome} row(s)")
+
+
+@outbox_app.command("gaps")
+def gaps_command(
+    ack: list[int] | None = AckOption,
+    ack_all: bool = typer.Option(False, "--ack-all", help="Acknowledge every open gap."),
+    acknowledged: bool = typer.Option(
+        False, "--all", help="List acknowledged gaps too (default: the open ones)."
+    ),
+    as_json: bool = JsonOption,
+    db_url: str | None = DbUrlOption,
+    timeout: float = TimeoutOption,
+) -> None:
+    """WAL-message gaps: outbox WAL messages lost with a logical slot (a failover on
+    PostgreSQL before 17, a dropped or invalidated slot). Listed until acknowledged."""
+    if ack and ack_all:
+        raise CliError("give --ack IDS or --ack-all, not both")
+    if ack or ack_all:
+        ids = None if ack_all else ack
+
+        async def work(engine: AsyncEngine) -> list[int]:
+            await require_tables(engine, [outbox_slot_gaps.name])
+            return await acknowledge(engine, ids, os_user())
+
+        done = _run(db_url, timeout, work)
+        if as_json:
+            typer.echo(json.dumps({"acknowledged": done}, indent=2))
+            return
+        missing = sorted(set(ack or []) - set(done))
+        typer.echo(f"acknowledged {len(done)} gap(s)" + (f": {ranges(done)}" if done else ""))
+        if missing:
+            raise CliError(f"no open gap with id {ranges(missing)}")
+        return
+
+    async def read(engine: AsyncEngine) -> list[Gap]:
+        await require_tables(engine, [outbox_slot_gaps.name])
+        return await list_gaps(engine, acknowledged=acknowledged)
+
+    gaps = _run(db_url, timeout, read)
+    if as_json:
+        typer.echo(json.dumps({"gaps": [asdict(gap) for gap in gaps]}, indent=2))
+        return
+    if not gaps:
+        typer.echo("no open WAL-message gap" if not acknowledged else "no WAL-message gap")
+        return
+    for gap in gaps:
+        state = (
+            "open"
+            if gap.acknowledged_ms is None
+            else f"acknowledged {format_ms(gap.acknowledged_ms)} by {gap.acknowledged_by}"
+        )
+        typer.echo(f"{gap.line()}; detected {format_ms(gap.detected_ms)}, {state}")
+        typer.echo(f"  count: {gap.count_note}")

@@ -240,6 +240,7 @@ def render(report: StatusReport) -> list[RenderableType]:
                     f"unconfirmed insert {_age(age) + ' old' if age is not None else 'none'}"
                 )
             )
+        parts += [Text(f"WAL-message gap: {gap.line()}") for gap in db.gaps]
         parts.append(_relays(db.relays, SHARD_COUNT - db.free_shards))
         actions = db.actions
         if actions.unknown:

@@ -29,6 +29,8 @@ TABLES: frozenset[str] = frozenset(
         "outbox_relays",
         "outbox_shard_leases",
         "outbox_slot_catch_ups",
+        "outbox_slot_gaps",
+        "outbox_slot_positions",
         "workflow_history",
         "workflow_instances",
         "workflow_signals",

@@ -112,3 +112,36 @@ outbox_slot_catch_ups = Table(
     Column("published", BigInteger, nullable=False, default=0),
     Column("started_ms", BigInteger, nullable=False),
 )
+
+# What the logical relay last saw of its slot's server (relay/slot_history.py): the server's
+# system identifier, its timeline and the slot's confirmed position, so that a relay started
+# after a failover (the row came with the replicated database) notices the new server.
+outbox_slot_positions = Table(
+    "outbox_slot_positions",
+    metadata,
+    Column("slot_name", String(63), primary_key=True),
+    Column("system_id", String(20), nullable=False),  # pg_control_system(), unsigned 64 bits
+    Column("timeline", Integer, nullable=False),
+    Column("confirmed_lsn", BigInteger, nullable=False),
+    # When the slot last decoded an outbox WAL message (null: never): the mode is in use.
+    Column("messages_seen_ms", BigInteger, nullable=True),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+# WAL ranges whose outbox WAL messages a slot could not decode (a failover or a dropped
+# slot): kept, and reported by status and /readyz, until an operator acknowledges them.
+outbox_slot_gaps = Table(
+    "outbox_slot_gaps",
+    metadata,
+    Column("id", _BIG_ID, primary_key=True, autoincrement=True),
+    Column("slot_name", String(63), nullable=False),
+    Column("cause", String(200), nullable=False),
+    Column("from_lsn", BigInteger, nullable=False),  # the old slot's last confirmed position
+    Column("to_lsn", BigInteger, nullable=False),  # where the new slot starts
+    Column("lost_events", BigInteger, nullable=True),  # null: not known
+    Column("count_note", Text, nullable=False),  # how the count was made, or why it is unknown
+    Column("detected_ms", BigInteger, nullable=False),
+    Column("acknowledged_ms", BigInteger, nullable=True),
+    Column("acknowledged_by", String(200), nullable=True),
+    UniqueConstraint("slot_name", "from_lsn", "to_lsn", name="uq_outbox_slot_gaps_range"),
+)

@@ -23,6 +23,7 @@ created, rows already in the table are published first with the polling claim.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import struct
@@ -37,7 +38,7 @@ from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.secrecy import describe_error
 from outboxkit.outbox.sharding import SHARD_COUNT, shard_for
 from outboxkit.outbox.tables import outbox_events
-from outboxkit.relay import catch_up, metrics
+from outboxkit.relay import catch_up, failover, metrics
 from outboxkit.relay.claims import PENDING, ClaimedRow, Failure, claimed_rows
 from outboxkit.relay.pgoutput import Decoder, Message, Transaction
 from outboxkit.relay.publisher import KafkaUnavailable
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("outboxkit.relay")
 # A refusal that lasts (no REPLICATION attribute...) is logged this often, not per attempt.
 REFUSAL_LOG_EVERY_S = 60.0
+# The slot's confirmed position is recorded this often at most (relay/failover.py): a gap
+# found after a failover starts at most this much WAL before the old slot's true position.
+REMEMBER_EVERY_S = 1.0
 # pgoutput messages per outbox row in the usual transaction: Begin, Insert, Commit.
 MESSAGES_PER_ROW = 3
 # The columns of an outbox insert the stream decodes (the rest are skipped unread), in the
@@ -121,6 +125,12 @@ class LogicalStream:
         self._overlap: set[int] = set()
         self._overlap_until = 0
         self._streamed = False  # this relay streamed the slot before (a vanished slot: dropped)
+        # The server streamed from, the last position confirmed on it, whether an outbox WAL
+        # message was decoded, and when the position was last recorded (relay/failover.py).
+        self._server: failover.Server | None = None
+        self._confirmed_lsn = 0
+        self._messages_seen = False
+        self._remembered_at = 0.0
         # The replication session, apart from the database's health: the heartbeat's
         # round trip may work while the stream keeps failing (a slot held, no REPLICATION).
         self.replication = DependencyHealth("replication stream", self._mark_stream, log)
@@ -161,6 +171,21 @@ class LogicalStream:
             await self._loop(stop)
         finally:
             await self._close_stream()
+            await self._remember_last()
+
+    async def _remember_last(self) -> None:
+        """Record the last confirmed position on the way out, so a restart after a drain
+        finds the slot's exact position (a failover in between: no false gap)."""
+        if self.slot is None or self._server is None:
+            return
+        with contextlib.suppress(*DATABASE_ERRORS):
+            await failover.remember(
+                self.relay.engine,
+                self.slot.name,
+                self._server,
+                self._confirmed_lsn,
+                messages=self._messages_seen,
+            )
 
     async def _loop(self, stop: asyncio.Event) -> None:
         relay = self.relay
@@ -178,6 +203,7 @@ class LogicalStream:
                     relay.database.succeeded()
                     await relay.publisher.ping()
                     relay.kafka.succeeded()
+                    await self._show_gaps()
                     next_heartbeat = time.monotonic() + heartbeat_every
                     if active and not was_active:
                         log.info("relay %s holds slot %s", relay.relay_id, self.slot.name)
@@ -359,6 +385,8 @@ class LogicalStream:
         read are parked in the table (and not published)."""
         unreadable: list[tuple[Message, str]] = []
         rows = _rows(transactions, self._headers, unreadable)
+        if not self._messages_seen and (unreadable or any(row.id < 0 for row in rows)):
+            self._messages_seen = True
         if unreadable:
             await self._park_unreadable(unreadable)
         if self._overlap:
@@ -409,6 +437,16 @@ class LogicalStream:
     async def _confirm(self, end_lsn: int, published: list[int]) -> int:
         assert self.slot is not None
         await self.slot.confirm(end_lsn, published)
+        self._confirmed_lsn = max(self._confirmed_lsn, end_lsn)
+        if self._server is not None and time.monotonic() >= self._remembered_at + REMEMBER_EVERY_S:
+            self._remembered_at = time.monotonic()
+            await failover.remember(
+                self.relay.engine,
+                self.slot.name,
+                self._server,
+                self._confirmed_lsn,
+                messages=self._messages_seen,
+            )
         self.relay.stats.published += len(published)
         metrics.PUBLISHED.inc(len(published))
         return len(published)
@@ -521,6 +559,19 @@ class LogicalStream:
             # slot, and the catch-up's bound (the highest id once the slot exists) must come
             # after them: waited for, with the stream's backoff.
             raise StreamLost(f"slot {name} is still being created by another session")
+        server = await failover.server_of(relay.engine)
+        seen = await failover.load_seen(relay.engine, name)
+        moved = None if seen is None else server.differs(seen)
+        if moved is not None:
+            log.warning(
+                "slot %s: the server changed since the slot was last confirmed (%s): a "
+                "failover or a switchover",
+                name,
+                moved,
+            )
+        # Why the slot's history breaks here (the WAL after the old slot's position is not
+        # decoded by the slot streamed from now on), if it does.
+        cause: str | None = None
         if wal_status == "lost":
             log.error(
                 "slot %s was invalidated (wal_status lost: it kept more WAL than "
@@ -530,8 +581,16 @@ class LogicalStream:
             )
             await self.slot.drop()
             wal_status = None
+            cause = "slot invalidated (wal_status lost)"
+        elif wal_status is not None and moved is not None and not await self.slot.fails_over():
+            # Created on this server after the change (a relay stopped before recording it).
+            cause = f"failover ({moved}): the slot did not come along"
         if wal_status is None:
-            if state is None and self._streamed:
+            if moved is not None:
+                cause = f"failover ({moved}): the slot did not come along"
+            elif cause is None and (seen is not None or self._streamed):
+                cause = "slot dropped"
+            if state is None and self._streamed and moved is None:
                 log.error(
                     "slot %s is gone (dropped while this relay used it); recreating it and "
                     "publishing the rows left in the table (outbox WAL messages not yet "
@@ -543,6 +602,13 @@ class LogicalStream:
             await self.slot.create()
             log.info("created slot %s; publishing the rows already in the table first", name)
             state = catch_up.CatchUpState(after, None, 0)
+        starts = await self._slot_position()
+        if cause is not None:
+            old = max(self._confirmed_lsn, seen.confirmed_lsn if seen is not None else 0)
+            messages = self._messages_seen or (seen is not None and seen.messages_seen_ms)
+            await self._gap(cause, old, starts, messages=bool(messages))
+        self._server, self._confirmed_lsn = server, starts
+        await failover.remember(relay.engine, name, server, starts, messages=False)
         if state is not None:
             until = state.until_id
             if until is None:
@@ -563,17 +629,82 @@ class LogicalStream:
                 self._overlap_until = parse_lsn(
                     str(await conn.scalar(text("SELECT pg_current_wal_lsn()::text")))
                 )
-        async with relay.engine.connect() as conn:
+        log.info("slot %s: streaming from %s", name, lsn_text(await self._slot_position()))
+        relay.readiness.mark_stage(f"streaming slot {name}")
+        self._streamed = True
+
+    async def _slot_position(self) -> int:
+        """The slot's confirmed position."""
+        assert self.slot is not None
+        async with self.relay.engine.connect() as conn:
             confirmed = await conn.scalar(
                 text(
                     "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
                     "WHERE slot_name = :slot"
                 ),
-                {"slot": name},
+                {"slot": self.slot.name},
             )
-        log.info("slot %s: streaming from %s", name, confirmed)
-        relay.readiness.mark_stage(f"streaming slot {name}")
-        self._streamed = True
+        return parse_lsn(str(confirmed))
+
+    async def _gap(self, cause: str, old: int, starts: int, *, messages: bool) -> None:
+        """Report what the slot's break lost of the outbox WAL messages between ``old`` (the
+        old slot's last known confirmed position) and ``starts`` (where this slot starts):
+        a gap recorded and logged at ERROR when messages were lost or may have been."""
+        assert self.slot is not None
+        name = self.slot.name
+        if old == 0:
+            log.error(
+                "slot %s: %s, with no position recorded before it: outbox WAL messages "
+                "committed before %s and not yet published, if any, are lost",
+                name,
+                cause,
+                lsn_text(starts),
+            )
+            return
+        lost, note = await failover.count_lost(self.relay.engine, old, starts)
+        if lost == 0:
+            log.info(
+                "slot %s: %s; no outbox WAL message between %s and %s: none lost (%s)",
+                name,
+                cause,
+                lsn_text(old),
+                lsn_text(starts),
+                note,
+            )
+            return
+        if lost is None and not messages:
+            log.warning(
+                "slot %s: %s; the outbox WAL messages between %s and %s, if any, are lost "
+                "(%s; the slot never decoded one, so none is assumed)",
+                name,
+                cause,
+                lsn_text(old),
+                lsn_text(starts),
+                note,
+            )
+            return
+        gap = await failover.record_gap(self.relay.engine, name, cause, old, starts, lost, note)
+        await self._show_gaps()
+        log.error(
+            "%s (%s); kept until acknowledged: outboxkit outbox gaps --ack %d",
+            gap.line(),
+            gap.count_note,
+            gap.id,
+        )
+
+    async def _show_gaps(self) -> None:
+        """Unacknowledged WAL-message gaps to the metrics and ``/readyz``."""
+        async with self.relay.engine.connect() as conn:
+            gaps = await failover.open_gaps(conn)
+        metrics.WAL_MESSAGE_GAPS.set(len(gaps))
+        metrics.WAL_MESSAGE_GAP_LOST.set(sum(gap.lost_events or 0 for gap in gaps))
+        problem = None
+        if gaps:
+            problem = gaps[-1].line()
+            if len(gaps) > 1:
+                problem += f" (and {len(gaps) - 1} older gap(s))"
+            problem += "; acknowledge with outboxkit outbox gaps --ack"
+        self.relay.readiness.mark_problem("wal_message_gap", problem)
 
     async def _publish_caught_up(self, rows: list[ClaimedRow]) -> list[int]:
         relay = self.relay

@@ -33,3 +33,12 @@ PUBLISH_SECONDS = Histogram(
     "Seconds from handing a batch to the producer to its last acknowledgement.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+WAL_MESSAGE_GAPS = Gauge(
+    "outboxkit_relay_wal_message_gaps",
+    "WAL ranges whose outbox WAL messages were lost with a slot (a failover, a dropped or "
+    "invalidated slot), not yet acknowledged (outboxkit outbox gaps --ack).",
+)
+WAL_MESSAGE_GAP_LOST = Gauge(
+    "outboxkit_relay_wal_message_gap_lost_events",
+    "Outbox WAL message events known lost in the unacknowledged gaps (counted in the WAL).",
+)

@@ -18,7 +18,13 @@ from outboxkit.outbox.health import DependencyHealth
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.readiness import Readiness
 from outboxkit.outbox.secrecy import describe_error
-from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
+from outboxkit.outbox.tables import (
+    outbox_events,
+    outbox_relays,
+    outbox_shard_leases,
+    outbox_slot_gaps,
+    outbox_slot_positions,
+)
 from outboxkit.relay import metrics
 from outboxkit.relay.claims import ClaimedRow, Claims
 from outboxkit.relay.leases import ShardLeases
@@ -33,7 +39,13 @@ from outboxkit.relay.waiting import wait_any as _wait_any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("outboxkit.relay")
-RELAY_TABLES = (outbox_events.name, outbox_shard_leases.name, outbox_relays.name)
+RELAY_TABLES = (
+    outbox_events.name,
+    outbox_shard_leases.name,
+    outbox_relays.name,
+    outbox_slot_positions.name,  # logical mode's last position, and its gaps (0018)
+    outbox_slot_gaps.name,
+)
 # Waking this much after a row's due time: the database clock has then passed it for sure.
 DUE_MARGIN_S = 0.002
 

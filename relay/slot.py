@@ -27,6 +27,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 PUBLICATION = "outboxkit_outbox"
+FAILOVER_SLOTS_FROM = 17
+"""The first PostgreSQL major version whose logical slots can follow a failover
+(``failover = true``, synchronized to standbys with ``sync_replication_slots``)."""
 PLUGIN = "pgoutput"
 # Relation messages ('R' = 82) are sent once per decoding session, so the same transactions
 # read again carry them at other places: ``skip`` counts the other messages only.
@@ -212,12 +215,28 @@ class Slot:
         return str(found.wal_status)
 
     async def create(self) -> None:
-        """Create the slot (it must not exist)."""
+        """Create the slot (it must not exist). On PostgreSQL 17 and later it is a failover
+        slot (``failover = true``): synchronized to standbys that have ``sync_replication_slots``
+        on, so it survives a promotion (docs/relay.md, "Failover")."""
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(
-                text("SELECT pg_create_logical_replication_slot(:slot, :plugin)"),
-                {"slot": self.name, "plugin": PLUGIN},
+            if await _major_version(conn) >= FAILOVER_SLOTS_FROM:
+                create = "pg_create_logical_replication_slot(:slot, :plugin, false, false, true)"
+            else:
+                create = "pg_create_logical_replication_slot(:slot, :plugin)"
+            await conn.execute(text(f"SELECT {create}"), {"slot": self.name, "plugin": PLUGIN})
+
+    async def fails_over(self) -> bool:
+        """Whether the slot is a failover slot (PostgreSQL 17+), which a promoted standby
+        has (synchronized) rather than one created on this server."""
+        async with self.engine.connect() as conn:
+            if await _major_version(conn) < FAILOVER_SLOTS_FROM:
+                return False
+            return bool(
+                await conn.scalar(
+                    text("SELECT failover FROM pg_replication_slots WHERE slot_name = :slot"),
+                    {"slot": self.name},
+                )
             )
 
     async def peek(self, changes: int, skip: int = 0) -> list[bytes]:
@@ -305,6 +324,13 @@ class Slot:
                 {"slot": self.name},
             )
         return bool(dropped)
+
+
+async def _major_version(conn: AsyncConnection) -> int:
+    return (
+        int(await conn.scalar(text("SELECT current_setting('server_version_num')::int")) or 0)
+        // 10000
+    )
 
 
 async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
