@@ -128,19 +128,28 @@ class PatroniCluster:
     @property
     def url_haproxy(self) -> str:
         """The database through HAProxy, which routes to the current primary."""
-        return self._haproxy_url(self.database)
-
-    def _haproxy_url(self, database: str) -> str:
-        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.haproxy_port}/{database}"
+        return self.haproxy_url(self.database)
 
     @property
     def url_multihost(self) -> str:
         """The database through libpq's multi-host form, ``read-write`` so only the primary."""
+        return self.multihost_url(self.database)
+
+    def haproxy_url(self, database: str) -> str:
+        """:attr:`url_haproxy` for another database of the cluster."""
+        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.haproxy_port}/{database}"
+
+    def multihost_url(self, database: str) -> str:
+        """:attr:`url_multihost` for another database of the cluster."""
         hosts = ",".join(f"127.0.0.1:{node.pg_port}" for node in self.nodes)
         return (
-            f"postgresql://postgres:{PASSWORD}@{hosts}/{self.database}"
-            "?target_session_attrs=read-write"
+            f"postgresql://postgres:{PASSWORD}@{hosts}/{database}?target_session_attrs=read-write"
         )
+
+    def create_database(self, database: str) -> str:
+        """Create ``database`` on the primary; return its :meth:`haproxy_url`."""
+        _create_database(self.node_url(self.primary(), "postgres"), database)
+        return self.haproxy_url(database)
 
     def node_url(self, node: PatroniNode, database: str | None = None) -> str:
         """The database on one node, directly."""
@@ -227,7 +236,7 @@ class PatroniCluster:
         began = time.monotonic()
 
         def writable() -> bool:
-            port = _server_port(self._haproxy_url("postgres"))
+            port = _server_port(self.haproxy_url("postgres"))
             return leader.answers("primary") and port == leader.pg_port
 
         try:
@@ -273,8 +282,8 @@ def patroni_cluster(database: str = "outboxkit") -> Iterator[PatroniCluster]:
         for node in nodes:  # together: one wins the initialize key, the other base-backs up
             node.process = _start_patroni(cluster, node)
         cluster.processes.append(_start_haproxy(cluster))
-        leader = cluster.wait_healthy(READY_TIMEOUT_S)
-        _create_database(cluster.node_url(leader, "postgres"), database)
+        cluster.wait_healthy(READY_TIMEOUT_S)
+        cluster.create_database(database)
         cluster.timings["start"] = [time.monotonic() - began]
         yield cluster
     finally:
