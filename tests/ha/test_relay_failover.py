@@ -24,11 +24,17 @@ from tests.ha.flow import (
     outbox_rows,
     problem_lines,
     published_times,
+    unless_switching,
 )
 from tests.relay.test_processes import relay_args
 from tests.support.kafka import read_topic, wait_for
 
 MAX_REPEATS = 20  # a cause logged more often than this over two faults is a loop
+
+
+def published(url: str) -> int:
+    """How many rows are published (0 while the primary moves)."""
+    return unless_switching(lambda: len(published_times(url)), 0)
 
 
 async def run_through_faults(
@@ -41,7 +47,7 @@ async def run_through_faults(
     faults: list[Fault] = []
     try:
         writer.start()
-        await wait_for(lambda: len(published_times(check_url)), lambda n: n >= 50, 60, "first 50")
+        await wait_for(lambda: published(check_url), lambda n: n >= 50, 60, "first 50")
         for kind in ("switchover", "failover"):
             fault = Fault(kind, time.time())
             await asyncio.to_thread(getattr(cluster, kind))
@@ -49,7 +55,7 @@ async def run_through_faults(
             faults.append(fault)
             done = len(writer.acknowledged)
             await wait_for(
-                lambda: len(published_times(check_url)),
+                lambda: published(check_url),
                 lambda n, want=done + 50: n >= want,
                 90,
                 f"publishing after the {kind}",
@@ -57,7 +63,12 @@ async def run_through_faults(
             assert relay.poll() is None, f"the relay exited during the {kind}"
         writer.stop()
         seqs, _ = outbox_rows(check_url)
-        await wait_for(lambda: outbox_rows(check_url)[1], lambda n: n == 0, 90, "all published")
+        await wait_for(
+            lambda: unless_switching(lambda: outbox_rows(check_url)[1], -1),
+            lambda n: n == 0,
+            90,
+            "all published",
+        )
     finally:
         writer.stop()
         code = terminate(relay)
