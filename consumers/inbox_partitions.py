@@ -382,7 +382,11 @@ async def _maintain(
     )
     done.busy += busy
     for name in done.busy:
-        log.info("inbox partition %s busy (its lock was not granted): next pass", name)
+        log.info(
+            "inbox partition %s busy (its lock was not granted, or another pass got to it"
+            " first): next pass",
+            name,
+        )
     for postponed in done.postponed:
         log.info(
             "inbox partition %s kept: over %d claims still inside their windows",

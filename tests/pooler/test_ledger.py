@@ -11,6 +11,7 @@ from outboxkit.actions import ActionStore, State, run_action
 from outboxkit.actions.tables import agent_operations
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.pooler import PoolerSettingError
+from outboxkit.testing.pgbouncer import PgBouncer
 from sqlalchemy import func, select
 
 from tests.support.actions import sessions_for
@@ -20,8 +21,9 @@ CALLS = 160
 
 
 async def test_160_concurrent_tool_calls_through_the_pooler_all_succeed_once(
-    pgbouncer_url: str,
+    pgbouncer: PgBouncer, pgbouncer_url: str
 ) -> None:
+    await pgbouncer.fill_pool(pgbouncer_url)
     effects: Counter[str] = Counter()
 
     async def lookup(idempotency_key: str) -> dict[str, str]:
@@ -58,12 +60,13 @@ async def test_160_concurrent_tool_calls_through_the_pooler_all_succeed_once(
 
 
 async def test_without_the_setting_a_prepared_statement_failure_names_it(
-    pgbouncer_url: str,
+    pgbouncer: PgBouncer, pgbouncer_url: str
 ) -> None:
     async def lookup(_key: str) -> str:
         return "ok"
 
     store = ActionStore()
+    await pgbouncer.fill_pool(pgbouncer_url)
     async with sessions_for(pgbouncer_url, pool_size=20) as sessions:
         results = await asyncio.gather(
             *(

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 from outboxkit.outbox.db import make_async_engine, make_engine
 from outboxkit.outbox.errors import InvalidDatabaseUrlError
-from outboxkit.outbox.pooler import listen_url, pooler_setting
+from outboxkit.outbox.pooler import PoolerSettingError, listen_url, pooler_setting
+from outboxkit.testing.pgbouncer import PgBouncer
 from sqlalchemy import text
 
 URL = "postgresql://u:p@pooler:6432/app"
@@ -39,10 +40,13 @@ def test_a_bad_setting_is_one_line_naming_it(query: str, message: str) -> None:
         make_async_engine(f"{URL}?{query}")
 
 
-async def test_engines_from_the_url_work_through_the_pooler(pgbouncer_url: str) -> None:
+async def test_engines_from_the_url_work_through_the_pooler(
+    pgbouncer: PgBouncer, pgbouncer_url: str
+) -> None:
     url = f"{pgbouncer_url}?pooler=transaction"
     engine = make_async_engine(url, pool_size=10, max_overflow=0)
     try:
+        await pgbouncer.fill_pool(pgbouncer_url)
 
         async def query(n: int, autocommit: bool) -> int:
             async with engine.connect() as connection:
@@ -66,3 +70,27 @@ async def test_engines_from_the_url_work_through_the_pooler(pgbouncer_url: str) 
             ] == list(range(20))
     finally:
         sync.dispose()
+
+
+async def test_without_the_setting_an_engines_failure_through_the_pooler_names_it(
+    pgbouncer: PgBouncer, pgbouncer_url: str
+) -> None:
+    engine = make_async_engine(pgbouncer_url, pool_size=10, max_overflow=0)
+    try:
+        await pgbouncer.fill_pool(pgbouncer_url)
+
+        async def query(n: int) -> int:
+            async with engine.connect() as connection:
+                await connection.execution_options(isolation_level="AUTOCOMMIT")
+                value: int = (
+                    await connection.execute(text("SELECT :n + 2"), {"n": n})
+                ).scalar_one()
+                return value
+
+        results = await asyncio.gather(*(query(n) for n in range(100)), return_exceptions=True)
+    finally:
+        await engine.dispose()
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert failures, "100 statements through PgBouncer without the setting all passed"
+    assert {type(f) for f in failures} == {PoolerSettingError}, failures[0]
+    assert all("add pooler=transaction to the database URL" in str(f) for f in failures)
