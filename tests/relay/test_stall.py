@@ -1,0 +1,173 @@
+"""The stall detector on real relay processes, PostgreSQL and Kafka (docs/observability.md#stalls):
+a relay stopped with SIGSTOP (not killed: its lease still looks held) turns ``outboxkit status``
+to exit 1 within the stall time and not before; a relay alive whose Kafka is unreachable says
+so with ``/readyz`` 503 naming the stall, one log line when it starts and one when it clears;
+and neither fires while events flow."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from outboxkit.outbox import Outbox, new_event
+from outboxkit.outbox.db import make_engine
+from outboxkit.testing.kafka import KafkaBroker, free_port
+from outboxkit.testing.processes import start_cli, terminate
+from sqlalchemy.orm import Session
+
+from tests.outbox.test_probes import get
+from tests.relay.test_processes import published_count
+from tests.support.kafka import wait_for
+from tests.support.ops import CliResult, cli
+from tests.support.waits import scaled
+
+STALL_S = 8.0
+
+
+def relay_args(db_url: str, bootstrap: str, port: int) -> list[str]:
+    # A lease longer than the stall time: a stopped relay still holds its shards when the
+    # stall is due, so status must see it from the relay's own record, not a free shard.
+    return [
+        "relay",
+        "--db-url",
+        db_url,
+        "--bootstrap",
+        bootstrap,
+        "--lease-ttl",
+        "12",
+        "--request-timeout",
+        "2",
+        "--poll-interval",
+        "0.2",
+        "--stall-after",
+        f"{STALL_S:g}s",
+        "--metrics-port",
+        str(port),
+    ]
+
+
+@contextlib.contextmanager
+def events_flowing(url: str, topic: str, every_s: float = 0.05) -> Iterator[list[int]]:
+    """Write one event every ``every_s`` in a thread until the block ends; yields the count."""
+    written = [0]
+    done = threading.Event()
+
+    def write() -> None:
+        engine = make_engine(url)
+        outbox = Outbox(default_topic=topic)
+        try:
+            while not done.wait(every_s):
+                with Session(engine) as session, session.begin():
+                    outbox.add(session, new_event("tick", "/stall", {"n": written[0]}))
+                written[0] += 1
+        finally:
+            engine.dispose()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        yield written
+    finally:
+        done.set()
+        thread.join(30)
+
+
+async def status(pg_url: str, bootstrap: str) -> CliResult:
+    return await cli(
+        "status", "--db-url", pg_url, "--bootstrap", bootstrap, "--max-stall", f"{STALL_S:g}s"
+    )
+
+
+async def readyz(port: int) -> tuple[int, dict[str, object]]:
+    code, body = await asyncio.to_thread(get, port, "/readyz")
+    return code, json.loads(body) if code in (200, 503) else {}
+
+
+async def no_alarm_while_flowing(pg_url: str, bootstrap: str, port: int) -> None:
+    """Two stall times of events flowing: status exits 0 and /readyz is 200 throughout."""
+    until = time.monotonic() + 2 * STALL_S
+    before = published_count(pg_url)
+    checks = 0
+    while time.monotonic() < until or checks < 3:
+        result = await status(pg_url, bootstrap)
+        assert result.code == 0, result.err
+        assert (await readyz(port))[0] == 200
+        checks += 1
+        await asyncio.sleep(0.5)
+    assert published_count(pg_url) > before + 50, "events flowed meanwhile"
+
+
+async def test_a_stopped_relay_turns_status_to_exit_1_within_the_stall_time(
+    pg_url: str, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    relay = start_cli(relay_args(pg_url, kafka_bootstrap, port), tmp_path / "relay.log")
+    try:
+        with events_flowing(pg_url, topic):
+            await wait_for(lambda: readyz(port), lambda r: r[0] == 200, 60, "relay ready")
+            await no_alarm_while_flowing(pg_url, kafka_bootstrap, port)
+            os.kill(relay.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            result = await wait_for(
+                lambda: status(pg_url, kafka_bootstrap),
+                lambda r: r.code != 0,
+                STALL_S + 10,
+                "status to exit 1",
+            )
+            elapsed = time.monotonic() - stopped_at
+        assert result.code == 1, result.err
+        # Its lease (12 s) still holds: the relay is named, from its own record.
+        assert f"threshold crossed: relay {relay_id_of(result)} is stalled" in result.err
+        assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
+        # A stopped process answers no probe at all (Kubernetes counts that as a failure).
+        assert (await readyz(port))[0] == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(relay.pid, signal.SIGCONT)
+        terminate(relay)
+
+
+def relay_id_of(result: CliResult) -> str:
+    for line in result.err.splitlines():
+        if "relay " in line and " is stalled" in line:
+            return line.split("relay ", 1)[1].split(" is stalled", 1)[0]
+    raise AssertionError(result.err)
+
+
+async def test_a_relay_alive_without_kafka_says_it_is_stalled_and_clears(
+    pg_url: str, kafka_bootstrap: str, own_kafka: KafkaBroker, topic: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "relay.log"
+    relay = start_cli(relay_args(pg_url, own_kafka.bootstrap, port), log)
+    try:
+        with events_flowing(pg_url, topic):
+            await wait_for(lambda: readyz(port), lambda r: r[0] == 200, 60, "relay ready")
+            await no_alarm_while_flowing(pg_url, kafka_bootstrap, port)
+            own_kafka.stop()
+            stopped_at = time.monotonic()
+            code, body = await wait_for(
+                lambda: readyz(port),
+                lambda r: "stalled" in r[1].get("not_ready", {}),  # type: ignore[operator]
+                STALL_S + 10,
+                "/readyz naming the stall",
+            )
+            elapsed = time.monotonic() - stopped_at
+            assert code == 503
+            assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
+            result = await status(pg_url, kafka_bootstrap)  # status reads the other broker
+            assert result.code == 1 and " is stalled" in result.err, result.err
+            own_kafka.start()
+            await wait_for(lambda: readyz(port), lambda r: r[0] == 200, 60, "ready again")
+        text = log.read_text()
+        assert text.count("stalled: the oldest due row") == 1, text[-3000:]
+        assert text.count("stalled cleared after") == 1, text[-3000:]
+    finally:
+        terminate(relay)
