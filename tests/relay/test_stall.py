@@ -18,6 +18,8 @@ from pathlib import Path
 
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.relay import Relay, RelayOptions
 from outboxkit.testing.kafka import KafkaBroker, free_port
 from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy.orm import Session
@@ -161,6 +163,7 @@ async def test_a_relay_alive_without_kafka_says_it_is_stalled_and_clears(
             )
             elapsed = time.monotonic() - stopped_at
             assert code == 503
+            assert "nothing was published" in body["not_ready"]["stalled"]  # type: ignore[index]
             assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
             result = await status(pg_url, kafka_bootstrap)  # status reads the other broker
             assert result.code == 1 and " is stalled" in result.err, result.err
@@ -171,3 +174,81 @@ async def test_a_relay_alive_without_kafka_says_it_is_stalled_and_clears(
         assert text.count("stalled cleared after") == 1, text[-3000:]
     finally:
         terminate(relay)
+
+
+SLOT_LAG_LIMIT = 4 * 1024 * 1024
+INACTIVE_S = 4.0
+
+
+def write_big_events(url: str, topic: str, count: int, size: int = 8192) -> None:
+    """``count`` events of ``size`` random bytes each: WAL the slot must pass (not compressed)."""
+    engine = make_engine(url)
+    outbox = Outbox(default_topic=topic)
+    with Session(engine) as session, session.begin():
+        for n in range(count):
+            outbox.add(
+                session, new_event("big", "/stall", {"n": n, "blob": os.urandom(size).hex()})
+            )
+    engine.dispose()
+
+
+async def slot_status(pg_url: str, bootstrap: str) -> CliResult:
+    return await cli(
+        "status",
+        "--db-url",
+        pg_url,
+        "--bootstrap",
+        bootstrap,
+        "--max-slot-lag-bytes",
+        str(SLOT_LAG_LIMIT),
+        "--max-slot-inactive",
+        f"{INACTIVE_S:g}s",
+    )
+
+
+async def test_a_lagging_then_inactive_slot_is_named_and_a_streaming_one_is_not(
+    pg_url: str, kafka_bootstrap: str, own_kafka: KafkaBroker, topic: str
+) -> None:
+    options = RelayOptions(
+        mode="logical",
+        lease_ttl_s=3,
+        request_timeout_s=1.5,
+        poll_interval_s=0.2,
+        max_slot_lag_bytes=SLOT_LAG_LIMIT,
+    )
+    relay = Relay(
+        db_url=pg_url, kafka=KafkaSettings(bootstrap=own_kafka.bootstrap), options=options
+    )
+
+    def problems() -> dict[str, str]:
+        return dict(relay.readiness.ready()[1].get("not_ready", {}))
+
+    async with relay:
+        with events_flowing(pg_url, topic):
+            await wait_for(problems, lambda p: not p, 60, "the relay ready")
+            until = time.monotonic() + 2 * INACTIVE_S
+            while time.monotonic() < until:  # streaming while events flow: no alarm
+                assert "slot" not in problems()
+                result = await slot_status(pg_url, kafka_bootstrap)
+                assert result.code == 0, result.err
+                await asyncio.sleep(0.5)
+            own_kafka.stop()  # nothing is confirmed any more: the slot falls behind
+            await asyncio.to_thread(write_big_events, pg_url, topic, 1000)
+            found = await wait_for(problems, lambda p: "slot" in p, 30, "/readyz naming the slot")
+            assert "lags" in found["slot"] and f"(limit {SLOT_LAG_LIMIT})" in found["slot"]
+            result = await slot_status(pg_url, kafka_bootstrap)
+            assert result.code == 1 and f"--max-slot-lag-bytes {SLOT_LAG_LIMIT}" in result.err
+            own_kafka.start()
+            await wait_for(problems, lambda p: "slot" not in p, 90, "the slot caught up")
+    # No relay streams the slot any more: once an insert waits INACTIVE_S, status says so.
+    with events_flowing(pg_url, topic):
+        stopped_at = time.monotonic()
+        result = await wait_for(
+            lambda: slot_status(pg_url, kafka_bootstrap),
+            lambda r: "is inactive" in r.err,
+            INACTIVE_S + 10,
+            "status naming the inactive slot",
+        )
+        elapsed = time.monotonic() - stopped_at
+    assert result.code == 1 and f"(--max-slot-inactive {INACTIVE_S:g})" in result.err
+    assert INACTIVE_S <= elapsed <= INACTIVE_S + scaled(4), elapsed
