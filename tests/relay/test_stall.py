@@ -16,11 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.relay import Relay, RelayOptions
-from outboxkit.testing.kafka import KafkaBroker, free_port
+from outboxkit.testing.kafka import KafkaBroker, KafkaLauncherError, free_port
 from outboxkit.testing.processes import start_cli, terminate
 from sqlalchemy.orm import Session
 
@@ -30,7 +31,24 @@ from tests.support.kafka import wait_for
 from tests.support.ops import CliResult, cli
 from tests.support.waits import scaled
 
-STALL_S = 8.0
+STALL_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def stoppable_kafka() -> Iterator[KafkaBroker]:
+    """A broker of this module's own, which its tests stop and start again (one start for all)."""
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def running_again(broker: KafkaBroker) -> None:
+    """Start ``broker`` unless it runs: the next test needs it whatever this one did."""
+    with contextlib.suppress(KafkaLauncherError):
+        broker.start()
 
 
 def relay_args(db_url: str, bootstrap: str, port: int) -> list[str]:
@@ -43,7 +61,7 @@ def relay_args(db_url: str, bootstrap: str, port: int) -> list[str]:
         "--bootstrap",
         bootstrap,
         "--lease-ttl",
-        "12",
+        "8",
         "--request-timeout",
         "2",
         "--poll-interval",
@@ -125,7 +143,7 @@ async def test_a_stopped_relay_turns_status_to_exit_1_within_the_stall_time(
             )
             elapsed = time.monotonic() - stopped_at
         assert result.code == 1, result.err
-        # Its lease (12 s) still holds: the relay is named, from its own record.
+        # Its lease (8 s) still holds: the relay is named, from its own record.
         assert f"threshold crossed: relay {relay_id_of(result)} is stalled" in result.err
         assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
         # A stopped process answers no probe at all (Kubernetes counts that as a failure).
@@ -144,17 +162,17 @@ def relay_id_of(result: CliResult) -> str:
 
 
 async def test_a_relay_alive_without_kafka_says_it_is_stalled_and_clears(
-    pg_url: str, kafka_bootstrap: str, own_kafka: KafkaBroker, topic: str, tmp_path: Path
+    pg_url: str, kafka_bootstrap: str, stoppable_kafka: KafkaBroker, topic: str, tmp_path: Path
 ) -> None:
     port = free_port()
     log = tmp_path / "relay.log"
-    relay = start_cli(relay_args(pg_url, own_kafka.bootstrap, port), log)
+    relay = start_cli(relay_args(pg_url, stoppable_kafka.bootstrap, port), log)
     try:
         with events_flowing(pg_url, topic):
             await wait_for(lambda: readyz(port), lambda r: r[0] == 200, 60, "relay ready")
             await no_alarm_while_flowing(pg_url, kafka_bootstrap, port)
-            own_kafka.stop()
-            stopped_at = time.monotonic()
+            stopped_at = time.monotonic()  # before: the broker refuses while it shuts down
+            stoppable_kafka.stop()
             code, body = await wait_for(
                 lambda: readyz(port),
                 lambda r: "stalled" in r[1].get("not_ready", {}),  # type: ignore[operator]
@@ -167,13 +185,14 @@ async def test_a_relay_alive_without_kafka_says_it_is_stalled_and_clears(
             assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
             result = await status(pg_url, kafka_bootstrap)  # status reads the other broker
             assert result.code == 1 and " is stalled" in result.err, result.err
-            own_kafka.start()
+            stoppable_kafka.start()
             await wait_for(lambda: readyz(port), lambda r: r[0] == 200, 60, "ready again")
         text = log.read_text()
         assert text.count("stalled: the oldest due row") == 1, text[-3000:]
         assert text.count("stalled cleared after") == 1, text[-3000:]
     finally:
         terminate(relay)
+        running_again(stoppable_kafka)
 
 
 SLOT_LAG_LIMIT = 4 * 1024 * 1024
@@ -207,7 +226,7 @@ async def slot_status(pg_url: str, bootstrap: str) -> CliResult:
 
 
 async def test_a_lagging_then_inactive_slot_is_named_and_a_streaming_one_is_not(
-    pg_url: str, kafka_bootstrap: str, own_kafka: KafkaBroker, topic: str
+    pg_url: str, kafka_bootstrap: str, stoppable_kafka: KafkaBroker, topic: str
 ) -> None:
     options = RelayOptions(
         mode="logical",
@@ -217,29 +236,34 @@ async def test_a_lagging_then_inactive_slot_is_named_and_a_streaming_one_is_not(
         max_slot_lag_bytes=SLOT_LAG_LIMIT,
     )
     relay = Relay(
-        db_url=pg_url, kafka=KafkaSettings(bootstrap=own_kafka.bootstrap), options=options
+        db_url=pg_url, kafka=KafkaSettings(bootstrap=stoppable_kafka.bootstrap), options=options
     )
 
     def problems() -> dict[str, str]:
         return dict(relay.readiness.ready()[1].get("not_ready", {}))
 
-    async with relay:
-        with events_flowing(pg_url, topic):
-            await wait_for(problems, lambda p: not p, 60, "the relay ready")
-            until = time.monotonic() + 2 * INACTIVE_S
-            while time.monotonic() < until:  # streaming while events flow: no alarm
-                assert "slot" not in problems()
+    try:
+        async with relay:
+            with events_flowing(pg_url, topic):
+                await wait_for(problems, lambda p: not p, 60, "the relay ready")
+                until = time.monotonic() + 2 * INACTIVE_S
+                while time.monotonic() < until:  # streaming while events flow: no alarm
+                    assert "slot" not in problems()
+                    result = await slot_status(pg_url, kafka_bootstrap)
+                    assert result.code == 0, result.err
+                    await asyncio.sleep(0.5)
+                stoppable_kafka.stop()  # nothing is confirmed any more: the slot falls behind
+                await asyncio.to_thread(write_big_events, pg_url, topic, 1000)
+                found = await wait_for(
+                    problems, lambda p: "slot" in p, 30, "/readyz naming the slot"
+                )
+                assert "lags" in found["slot"] and f"(limit {SLOT_LAG_LIMIT})" in found["slot"]
                 result = await slot_status(pg_url, kafka_bootstrap)
-                assert result.code == 0, result.err
-                await asyncio.sleep(0.5)
-            own_kafka.stop()  # nothing is confirmed any more: the slot falls behind
-            await asyncio.to_thread(write_big_events, pg_url, topic, 1000)
-            found = await wait_for(problems, lambda p: "slot" in p, 30, "/readyz naming the slot")
-            assert "lags" in found["slot"] and f"(limit {SLOT_LAG_LIMIT})" in found["slot"]
-            result = await slot_status(pg_url, kafka_bootstrap)
-            assert result.code == 1 and f"--max-slot-lag-bytes {SLOT_LAG_LIMIT}" in result.err
-            own_kafka.start()
-            await wait_for(problems, lambda p: "slot" not in p, 90, "the slot caught up")
+                assert result.code == 1 and f"--max-slot-lag-bytes {SLOT_LAG_LIMIT}" in result.err
+                stoppable_kafka.start()
+                await wait_for(problems, lambda p: "slot" not in p, 90, "the slot caught up")
+    finally:
+        running_again(stoppable_kafka)
     # No relay streams the slot any more: once an insert waits INACTIVE_S, status says so.
     with events_flowing(pg_url, topic):
         stopped_at = time.monotonic()
