@@ -310,6 +310,7 @@ class StatusReport:
                 "total": SHARD_COUNT,
                 "held": SHARD_COUNT - db.free_shards,
                 "free": db.free_shards,
+                "unheld_oldest_age_s": db.unheld_oldest_age_s,
             }
             report["actions"] = {**_state(None), **asdict(db.actions)}
             report["inbox"] = {**_state(None), **asdict(db.inbox)}

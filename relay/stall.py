@@ -20,7 +20,7 @@ from outboxkit.outbox.alarm import Alarm
 from outboxkit.outbox.readiness import Readiness
 from outboxkit.relay.leases import ShardLeases
 from outboxkit.relay.outbox_counts import oldest_due_in
-from outboxkit.relay.slot import SlotLag, slot_lags
+from outboxkit.relay.slot import SlotLag, slot_state
 from prometheus_client import Gauge
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -124,11 +124,10 @@ class StallWatch:
         """Read the oldest due row on the owned shards (and the slot) and update the alarms."""
         async with asyncio.timeout(max(self.interval_s, 5.0)), self.engine.connect() as conn:
             now_ms, oldest_ms = await oldest_due_in(conn, self.leases.owned)
-            lags = await slot_lags(conn) if self.slot is not None else []
+            mine = await slot_state(conn, self.slot) if self.slot is not None else None
         age = None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000
         self.stalled.update(self.verdict(age))
         STALLED.set(int(self.stalled.on))
-        mine = next((lag for lag in lags if lag.name == self.slot), None)
         if mine is not None:
             SLOT_LAG.labels(mine.name).set(mine.lag_bytes)
             SLOT_ACTIVE.labels(mine.name).set(int(mine.active))

@@ -131,6 +131,13 @@ async def test_a_group_with_lag_and_no_commits_is_named_and_a_flowing_one_is_not
         assert stalled_gauge(runtime) == 1
         code, err = await status(pg_url, kafka_bootstrap, runtime.group)
         assert code == 1 and f"consumer group {runtime.group} is stalled" in err, err
+        report = await cli(
+            "status", "--json", "--db-url", pg_url, "--bootstrap", kafka_bootstrap,
+            "--group", runtime.group,
+        )  # fmt: skip
+        [partition] = report.json()["consumers"]["groups"][0]["partitions"]
+        assert partition["committed_age_s"] > STALL_S  # the runtime's stamp, read back
+        assert partition["waiting_age_s"] > STALL_S
 
         gate.set()
         await wait_for(
