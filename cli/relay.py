@@ -155,6 +155,12 @@ def relay(
             f"({request_timeout:g}s): a batch in flight must not outlive its lease",
             param_hint="--lease-ttl",
         )
+    if stall_after < poll_interval:
+        raise typer.BadParameter(
+            f"{stall_after:g}s is below --poll-interval ({poll_interval:g}s): without LISTEN "
+            "a row waits that long for a relay that is well",
+            param_hint="--stall-after",
+        )
     try:
         options = RelayOptions(
             batch_size=batch_size,

@@ -78,8 +78,9 @@ class RelayOptions:
             raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
-        if self.stall_after_s <= 0:
-            raise ValueError("stall_after_s must be positive")
+        if self.stall_after_s < self.poll_interval_s:
+            # without LISTEN a row waits up to a poll interval for a relay that is well
+            raise ValueError("stall_after_s must not be shorter than poll_interval_s")
         if self.max_slot_lag_bytes is not None and self.max_slot_lag_bytes < 0:
             raise ValueError("max_slot_lag_bytes must not be negative")
         if self.max_attempts < 1:
