@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session
 
 from tests.outbox.test_probes import get
 from tests.relay.test_processes import published_count
-from tests.support.kafka import wait_for
+from tests.relay.test_processes import relay_args as process_args
+from tests.support.kafka import broker_of_its_own, wait_for
 from tests.support.ops import CliResult, cli
 from tests.support.waits import scaled
 
@@ -37,12 +38,8 @@ STALL_S = 5.0
 @pytest.fixture(scope="module")
 def stoppable_kafka() -> Iterator[KafkaBroker]:
     """A broker of this module's own, which its tests stop and start again (one start for all)."""
-    broker = KafkaBroker()
-    broker.start()
-    try:
+    with broker_of_its_own() as broker:
         yield broker
-    finally:
-        broker.close()
 
 
 def running_again(broker: KafkaBroker) -> None:
@@ -54,23 +51,13 @@ def running_again(broker: KafkaBroker) -> None:
 def relay_args(db_url: str, bootstrap: str, port: int) -> list[str]:
     # A lease longer than the stall time: a stopped relay still holds its shards when the
     # stall is due, so status must see it from the relay's own record, not a free shard.
-    return [
-        "relay",
-        "--db-url",
+    # (The later --lease-ttl and --request-timeout win over those of the common arguments.)
+    return process_args(
         db_url,
-        "--bootstrap",
         bootstrap,
-        "--lease-ttl",
-        "8",
-        "--request-timeout",
-        "2",
-        "--poll-interval",
-        "0.2",
-        "--stall-after",
-        f"{STALL_S:g}s",
-        "--metrics-port",
-        str(port),
-    ]
+        *("--lease-ttl", "8", "--request-timeout", "2"),
+        *("--stall-after", f"{STALL_S:g}s", "--metrics-port", str(port)),
+    )
 
 
 @contextlib.contextmanager
