@@ -96,45 +96,48 @@ async def test_a_group_with_lag_and_no_commits_is_named_and_a_flowing_one_is_not
         running(app, pg_url, kafka_bootstrap, stall_after_s=STALL_S) as (runtime, _),
         producing(kafka_bootstrap, topic),
     ):
-        await wait_for(lambda: runtime.stats.offset_commits, lambda n: n > 0, 60, "commits")
-        until = time.monotonic() + 2 * STALL_S
-        applied = runtime.stats.applied
-        while time.monotonic() < until:  # events flow: no alarm from inside or outside
-            assert "stalled" not in runtime.readiness.ready()[1].get("not_ready", {})
-            assert stalled_gauge(runtime) == 0
+        try:
+            await wait_for(lambda: runtime.stats.offset_commits, lambda n: n > 0, 60, "commits")
+            until = time.monotonic() + 2 * STALL_S
+            applied = runtime.stats.applied
+            while time.monotonic() < until:  # events flow: no alarm from inside or outside
+                assert "stalled" not in runtime.readiness.ready()[1].get("not_ready", {})
+                assert stalled_gauge(runtime) == 0
+                code, err = await status(pg_url, kafka_bootstrap, runtime.group)
+                assert code == 0, err
+                await asyncio.sleep(0.5)
+            assert runtime.stats.applied > applied + 20, "events flowed meanwhile"
+
+            gate.clear()  # the handler hangs: lag grows, nothing is committed
+            stuck_at = time.monotonic()
+            await wait_for(
+                lambda: runtime.readiness.ready()[1].get("not_ready", {}),
+                lambda problems: "stalled" in problems,
+                STALL_S + 10,
+                "/readyz naming the stall",
+            )
+            elapsed = time.monotonic() - stuck_at
+            assert STALL_S <= elapsed <= STALL_S + scaled(3), elapsed
+            assert stalled_gauge(runtime) == 1
             code, err = await status(pg_url, kafka_bootstrap, runtime.group)
-            assert code == 0, err
-            await asyncio.sleep(0.5)
-        assert runtime.stats.applied > applied + 20, "events flowed meanwhile"
+            assert code == 1 and f"consumer group {runtime.group} is stalled" in err, err
+            report = await cli(
+                "status", "--json", "--db-url", pg_url, "--bootstrap", kafka_bootstrap,
+                "--group", runtime.group, "--max-group-stall", f"{STALL_S:g}s",
+            )  # fmt: skip
+            [partition] = report.json()["consumers"]["groups"][0]["partitions"]
+            assert partition["committed_age_s"] > STALL_S  # the runtime's stamp, read back
+            assert partition["waiting_age_s"] > STALL_S
 
-        gate.clear()  # the handler hangs: lag grows, nothing is committed
-        stuck_at = time.monotonic()
-        await wait_for(
-            lambda: runtime.readiness.ready()[1].get("not_ready", {}),
-            lambda problems: "stalled" in problems,
-            STALL_S + 10,
-            "/readyz naming the stall",
-        )
-        elapsed = time.monotonic() - stuck_at
-        assert STALL_S <= elapsed <= STALL_S + scaled(3), elapsed
-        assert stalled_gauge(runtime) == 1
-        code, err = await status(pg_url, kafka_bootstrap, runtime.group)
-        assert code == 1 and f"consumer group {runtime.group} is stalled" in err, err
-        report = await cli(
-            "status", "--json", "--db-url", pg_url, "--bootstrap", kafka_bootstrap,
-            "--group", runtime.group,
-        )  # fmt: skip
-        [partition] = report.json()["consumers"]["groups"][0]["partitions"]
-        assert partition["committed_age_s"] > STALL_S  # the runtime's stamp, read back
-        assert partition["waiting_age_s"] > STALL_S
-
-        gate.set()
-        await wait_for(
-            lambda: runtime.readiness.ready()[1].get("not_ready", {}),
-            lambda problems: "stalled" not in problems,
-            30,
-            "the stall cleared",
-        )
+            gate.set()
+            await wait_for(
+                lambda: runtime.readiness.ready()[1].get("not_ready", {}),
+                lambda problems: "stalled" not in problems,
+                30,
+                "the stall cleared",
+            )
+        finally:
+            gate.set()  # a failed check must not leave the handler hanging at the stop
     lines = [r.getMessage() for r in caplog.records if r.name == "outboxkit.consumer"]
     assert sum(line.startswith("stalled: ") for line in lines) == 1, lines
     assert sum(line.startswith("stalled cleared after") for line in lines) == 1, lines
