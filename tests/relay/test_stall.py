@@ -55,7 +55,7 @@ def relay_args(db_url: str, bootstrap: str, port: int) -> list[str]:
     return process_args(
         db_url,
         bootstrap,
-        *("--lease-ttl", "8", "--request-timeout", "2"),
+        *("--lease-ttl", "20", "--request-timeout", "2"),
         *("--stall-after", f"{STALL_S:g}s", "--metrics-port", str(port)),
     )
 
@@ -130,7 +130,7 @@ async def test_a_stopped_relay_turns_status_to_exit_1_within_the_stall_time(
             )
             elapsed = time.monotonic() - stopped_at
         assert result.code == 1, result.err
-        # Its lease (8 s) still holds: the relay is named, from its own record.
+        # Its lease (20 s) still holds: the relay is named, from its own record.
         assert f"threshold crossed: relay {relay_id_of(result)} is stalled" in result.err
         assert STALL_S <= elapsed <= STALL_S + scaled(4), elapsed
         # A stopped process answers no probe at all (Kubernetes counts that as a failure).
