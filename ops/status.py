@@ -14,6 +14,7 @@ is made, and the age of a dead letter is measured on this machine's clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -646,49 +647,73 @@ async def group_lags(
     topics = await reader.topics()
     now_ms = int(time.time() * 1000)
     lags = []
-    for group in groups:
-        async with kafka_bounded(reader.kafka, reader.timeout, f"offsets of group {group}"):
-            committed = await reader.admin.list_consumer_group_offsets(group)
-        positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
-        stamps = {tp: committed_ms(meta.metadata) for tp, meta in committed.items()}
-        names = sorted({tp.topic for tp in positions if tp.topic in topics})
-        tps = [TopicPartition(name, p) for name in names for p in topics[name]]
-        lag = GroupLag(group, 0)
-        if tps:
-            async with kafka_bounded(reader.kafka, reader.timeout, f"end offsets ({group})"):
-                begins = await reader.consumer.beginning_offsets(tps)
-                ends = await reader.consumer.end_offsets(tps)
-            reads = 0
-            for tp in tps:
-                position = positions.get(tp)
-                start = position if position is not None else begins[tp]
-                part = PartitionLag(
-                    tp.topic, tp.partition, position, ends[tp], max(0, ends[tp] - start)
-                )
-                lag.partitions.append(part)
-                if part.lag == 0:
-                    continue
-                part.committed_age_s = _age_s(now_ms, stamps.get(tp))
-                old = part.committed_age_s is None or (
-                    stall_after_s is not None and part.committed_age_s > stall_after_s
-                )
-                if stall_after_s is not None and old and reads < MAX_STALL_READS:
-                    reads += 1
-                    part.waiting_age_s = await _record_age(reader, tp, start, now_ms)
-            lag.total_lag = sum(p.lag for p in lag.partitions)
-        lags.append(lag)
+    async with contextlib.AsyncExitStack() as stack:
+        records = _RecordReader(reader, stack)
+        for group in groups:
+            lags.append(await _group_lag(reader, records, group, topics, now_ms, stall_after_s))
     return lags
 
 
-async def _record_age(
-    reader: DlqReader, tp: TopicPartition, offset: int, now_ms: int
-) -> float | None:
-    """Age of the record at ``offset`` by its timestamp; ``None`` if it cannot be read."""
-    try:
-        record = await reader.fetch(tp.topic, tp.partition, offset)
-    except OpsError:
-        return None
-    return _age_s(now_ms, record.timestamp)
+class _RecordReader:
+    """Reads single records on a reader of its own, opened at the first need: the caller's
+    consumer may be shared (the console's), and reading a record moves it."""
+
+    def __init__(self, reader: DlqReader, stack: contextlib.AsyncExitStack) -> None:
+        self._kafka, self._timeout, self._stack = reader.kafka, reader.timeout, stack
+        self._own: DlqReader | None = None
+
+    async def age_s(self, tp: TopicPartition, offset: int, now_ms: int) -> float | None:
+        """Age of the record at ``offset`` by its timestamp; ``None`` if it cannot be read."""
+        try:
+            if self._own is None:
+                self._own = await self._stack.enter_async_context(
+                    DlqReader(self._kafka, self._timeout)
+                )
+            record = await self._own.fetch(tp.topic, tp.partition, offset)
+        except OpsError:
+            return None
+        return _age_s(now_ms, record.timestamp)
+
+
+async def _group_lag(
+    reader: DlqReader,
+    records: _RecordReader,
+    group: str,
+    topics: dict[str, list[int]],
+    now_ms: int,
+    stall_after_s: float | None,
+) -> GroupLag:
+    """One group's :class:`GroupLag` (see :func:`group_lags`)."""
+    async with kafka_bounded(reader.kafka, reader.timeout, f"offsets of group {group}"):
+        committed = await reader.admin.list_consumer_group_offsets(group)
+    positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
+    stamps = {tp: committed_ms(meta.metadata) for tp, meta in committed.items()}
+    names = sorted({tp.topic for tp in positions if tp.topic in topics})
+    tps = [TopicPartition(name, p) for name in names for p in topics[name]]
+    lag = GroupLag(group, 0)
+    if tps:
+        async with kafka_bounded(reader.kafka, reader.timeout, f"end offsets ({group})"):
+            begins = await reader.consumer.beginning_offsets(tps)
+            ends = await reader.consumer.end_offsets(tps)
+        reads = 0
+        for tp in tps:
+            position = positions.get(tp)
+            start = position if position is not None else begins[tp]
+            part = PartitionLag(
+                tp.topic, tp.partition, position, ends[tp], max(0, ends[tp] - start)
+            )
+            lag.partitions.append(part)
+            if part.lag == 0:
+                continue
+            part.committed_age_s = _age_s(now_ms, stamps.get(tp))
+            old = part.committed_age_s is None or (
+                stall_after_s is not None and part.committed_age_s > stall_after_s
+            )
+            if stall_after_s is not None and old and reads < MAX_STALL_READS:
+                reads += 1
+                part.waiting_age_s = await records.age_s(tp, start, now_ms)
+        lag.total_lag = sum(p.lag for p in lag.partitions)
+    return lag
 
 
 async def dlq_counts(
