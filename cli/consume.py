@@ -46,6 +46,7 @@ from outboxkit.consumers.errors import StopTimeoutError
 from outboxkit.consumers.metrics import RuntimeCollector
 from outboxkit.consumers.runtime import DEFAULT_STOP_TIMEOUT_S, ConsumerRuntime, serve
 from outboxkit.consumers.signals import StopSignals
+from outboxkit.consumers.stall import DEFAULT_STALL_AFTER_S
 from outboxkit.outbox.logs import configure_logging
 from outboxkit.outbox.metrics_server import DEFAULT_ADDRESS, serve_metrics
 from prometheus_client import REGISTRY
@@ -99,6 +100,13 @@ def consume(
         minimum_s=0.1,
         help="How long SIGTERM waits for running handlers; then exit 4 naming them.",
     ),
+    stall_after: float = duration_option(
+        DEFAULT_STALL_AFTER_S,
+        "--stall-after",
+        minimum_s=0.1,
+        help="Stalled (a log line, /readyz 503, outboxkit_consumer_stalled 1) when a partition "
+        "lags with no offset committed for this long.",
+    ),
 ) -> int:
     """Consume events with MODULE:APP's handlers; SIGTERM drains and exits 0."""
     signals = StopSignals().install()  # first: a signal while starting up is a clean stop
@@ -126,6 +134,7 @@ def consume(
         db_url=settings.db_url,
         group=group,
         stop_timeout_s=stop_timeout,
+        stall_after_s=stall_after,
     )
     if metrics_port is not None:
         REGISTRY.register(RuntimeCollector(runtime))

@@ -98,6 +98,20 @@ def relay(
         help="Drop the --mode logical slot and exit (stop the relays first; the next relay "
         "recreates it and publishes the unpublished rows from the table).",
     ),
+    stall_after: float = duration_option(
+        60.0,
+        "--stall-after",
+        minimum_s=0.1,
+        help="Stalled (a log line, /readyz 503, outboxkit_relay_stalled 1) when a row has been "
+        "due on its shards this long and nothing was published for as long.",
+    ),
+    max_slot_lag_bytes: int | None = typer.Option(
+        None,
+        "--max-slot-lag-bytes",
+        min=0,
+        help="--mode logical: not ready (a log line, /readyz 503) while the slot lags more "
+        "bytes [default: no limit; an invalidated slot always counts].",
+    ),
     drain: bool = typer.Option(False, "--drain", help="Exit once nothing is pending."),
     timeout: float | None = duration_option(
         None,
@@ -141,6 +155,12 @@ def relay(
             f"({request_timeout:g}s): a batch in flight must not outlive its lease",
             param_hint="--lease-ttl",
         )
+    if stall_after < poll_interval:
+        raise typer.BadParameter(
+            f"{stall_after:g}s is below --poll-interval ({poll_interval:g}s): without LISTEN "
+            "a row waits that long for a relay that is well",
+            param_hint="--stall-after",
+        )
     try:
         options = RelayOptions(
             batch_size=batch_size,
@@ -154,6 +174,8 @@ def relay(
             mode=mode,  # type: ignore[arg-type]  # checked by RelayOptions
             slot_name=slot,
             logical_reader=logical_reader,  # type: ignore[arg-type]  # checked by RelayOptions
+            stall_after_s=stall_after,
+            max_slot_lag_bytes=max_slot_lag_bytes,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error

@@ -41,6 +41,9 @@ from outboxkit.cli.options import (
 from outboxkit.ops.access import quiet_kafka_logs
 from outboxkit.ops.formatting import format_age, ops_console, ranges
 from outboxkit.ops.status import (
+    DEFAULT_MAX_GROUP_STALL_S,
+    DEFAULT_MAX_SLOT_INACTIVE_S,
+    DEFAULT_MAX_STALL_S,
     DlqInfo,
     DlqTopicUnreachable,
     RelayInfo,
@@ -107,6 +110,27 @@ def status(
         minimum_s=0.0,
         help="Exit 1 if a slot's oldest unconfirmed outbox insert is older (60, 5m).",
     ),
+    max_stall: float = duration_option(
+        DEFAULT_MAX_STALL_S,
+        "--max-stall",
+        minimum_s=0.0,
+        help="Exit 1 if a row has been due this long on a relay that published nothing for as "
+        "long, or on shards no live relay holds.",
+    ),
+    max_slot_inactive: float = duration_option(
+        DEFAULT_MAX_SLOT_INACTIVE_S,
+        "--max-slot-inactive",
+        minimum_s=0.0,
+        help="Exit 1 if a slot nobody streams has an outbox insert unconfirmed this long, or "
+        "is about to be invalidated (wal_status unreserved or lost).",
+    ),
+    max_group_stall: float = duration_option(
+        DEFAULT_MAX_GROUP_STALL_S,
+        "--max-group-stall",
+        minimum_s=0.0,
+        help="Exit 1 if a group's next record in a partition was written this long ago and "
+        "the group has committed nothing there for as long.",
+    ),
     as_json: bool = JsonOption,
     db_url: str | None = DbUrlOption,
     bootstrap: str | None = BootstrapOption,
@@ -139,7 +163,15 @@ def status(
         ssl_keyfile,
     )
     limits = Thresholds(
-        max_oldest_age, max_dlq, max_parked, max_lag, max_slot_lag_bytes, max_slot_age
+        max_oldest_age,
+        max_dlq,
+        max_parked,
+        max_lag,
+        max_slot_lag_bytes,
+        max_slot_age,
+        max_stall,
+        max_slot_inactive,
+        max_group_stall,
     )
     quiet_kafka_logs()
 
@@ -281,15 +313,16 @@ def _relays(relays: list[RelayInfo], held: int) -> RenderableType:
     if not relays:
         return Text(f"relays: none registered ({held} of {SHARD_COUNT} shards leased)")
     table = Table(title=Text(f"relays: {held} of {SHARD_COUNT} shards leased"))
-    for name in ("RELAY", "HOST", "PID", "HEARTBEAT", "SHARDS", "HELD"):
+    for name in ("RELAY", "HOST", "PID", "HEARTBEAT", "QUIET", "SHARDS", "HELD"):
         table.add_column(name, justify="right" if name in ("PID", "SHARDS") else "left")
     for relay in relays:
-        beat = relay.heartbeat_age_s
+        beat, quiet = relay.heartbeat_age_s, relay.quiet_s
         cells = (
             relay.relay_id,
             relay.host or "? (not registered)",
             relay.pid if relay.pid is not None else "-",
             f"{_age(beat)} ago" if beat is not None else "-",
+            _age(quiet) if quiet is not None else "-",
             len(relay.shards),
             ranges(relay.shards),
         )

@@ -110,6 +110,20 @@ class RuntimeCollector(Collector):
         for (topic, partition), value in sorted(self.runtime.positions.lags().items()):
             lag.add_metric([name, topic, str(partition)], value)
         yield lag
+        stalled = GaugeMetricFamily(
+            "outboxkit_consumer_stalled",
+            "1 while an assigned partition lags with no offset committed for stall_after_s.",
+            labels=["consumer"],
+        )
+        stalled.add_metric([name], int(self.runtime.stall.alarm.on))
+        yield stalled
+        quiet = GaugeMetricFamily(
+            "outboxkit_consumer_uncommitted_lag_seconds",
+            "Longest time a lagging partition has gone without a commit (past stall_after_s).",
+            labels=["consumer"],
+        )
+        quiet.add_metric([name], self.runtime.stall.longest_s)
+        yield quiet
         blocked = self.runtime.blocked_keys()
         if blocked is not None:  # only a consumer with on_dead_letter="sequence" handlers
             keys = GaugeMetricFamily(

@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
 from outboxkit.consumers.metrics import ConsumerStats
 
 log = logging.getLogger("outboxkit.consumer")
 
 COMMIT_TIMEOUT_S = 30.0
+# The commit's metadata string says when it was made, so ``outboxkit status`` can tell a group
+# that stopped committing from outside (Kafka keeps no commit time it would answer with).
+_STAMP = "outboxkit:committed_ms="
+
+
+def commit_stamp(now_ms: int | None = None) -> str:
+    """The metadata string of an offset commit made at ``now_ms`` (default: now)."""
+    return f"{_STAMP}{now_ms if now_ms is not None else int(time.time() * 1000)}"
+
+
+def committed_ms(metadata: str | None) -> int | None:
+    """When a commit was made, from its metadata string; ``None`` if not outboxkit's."""
+    if not metadata or not metadata.startswith(_STAMP):
+        return None
+    digits = metadata[len(_STAMP) :]
+    return int(digits) if digits.isdigit() else None
 
 
 def describe_partitions(partitions: Iterable[TopicPartition]) -> str:
@@ -37,6 +55,8 @@ class OffsetCommitter:
         self._offsets: dict[TopicPartition, int] = {}
         self._committer: asyncio.Task[None] | None = None
         self._failing = False
+        # When each partition's offset was last committed (monotonic): the stall watch.
+        self.committed_at: dict[TopicPartition, float] = {}
 
     def commit(self, tp: TopicPartition, offset: int) -> None:
         """Have ``tp``'s ``offset`` committed in the background, with any others queued.
@@ -60,7 +80,9 @@ class OffsetCommitter:
 
     async def _commit_now(self, offsets: dict[TopicPartition, int]) -> None:
         try:
-            await asyncio.wait_for(self._consumer.commit(offsets), COMMIT_TIMEOUT_S)
+            stamp = commit_stamp()
+            stamped = {tp: OffsetAndMetadata(offset, stamp) for tp, offset in offsets.items()}
+            await asyncio.wait_for(self._consumer.commit(stamped), COMMIT_TIMEOUT_S)
         except (CommitFailedError, IllegalStateError) as error:
             # The partition moved to another member; it resumes from the last committed offset
             # and the inbox skips what this process already applied.
@@ -76,6 +98,9 @@ class OffsetCommitter:
                 log.warning("offset commits failing (%s); will retry", type(error).__name__)
             return
         self._stats.offset_commits += 1
+        now = time.monotonic()
+        for tp in offsets:
+            self.committed_at[tp] = now
         if self._failing:
             self._failing = False
             log.info("offset commits succeed again")

@@ -30,6 +30,7 @@ from outboxkit.consumers.metrics import ConsumerStats, Positions
 from outboxkit.consumers.offsets import OffsetCommitter, describe_partitions
 from outboxkit.consumers.sequences import BatchView, SequenceKeeper
 from outboxkit.consumers.signals import StopSignals
+from outboxkit.consumers.stall import DEFAULT_STALL_AFTER_S, GroupStallWatch
 from outboxkit.consumers.tables import inbox_windows
 from outboxkit.consumers.tracing import HandlerTelemetry
 from outboxkit.outbox.backoff import Backoff
@@ -93,6 +94,7 @@ class ConsumerRuntime:
         producer_options: dict[str, Any] | None = None,
         on_db_commit: Callable[[], None] | None = None,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
     ) -> None:
         if (db_url is None) == (engine is None):
             raise ValueError("pass exactly one of db_url or engine")
@@ -138,6 +140,9 @@ class ConsumerRuntime:
         # What /readyz answers (outbox/metrics_server.py): ready once in the group (with any
         # number of partitions) while periodic database and broker round trips work.
         self.readiness = Readiness(assigned_what="partitions", min_assigned=0)
+        # A partition lagging with no commit for stall_after_s: /readyz 503 and a log line.
+        self.stall = GroupStallWatch(self.positions, self.readiness, stall_after_s)
+        self._stall_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect to the database and Kafka, join the group, and consume in the background.
@@ -205,6 +210,7 @@ class ConsumerRuntime:
             await consumer.start()
         self._started = True
         self.readiness.start({"database": lambda: _ping(engine), "broker": consumer.topics})
+        self._stall_task = asyncio.create_task(self.stall.run(self._offsets.committed_at))
         if self.app.retention_interval_s is not None:
             self._retention = asyncio.create_task(
                 retain_inbox(
@@ -319,9 +325,10 @@ class ConsumerRuntime:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self._retention is not None:
-            self._retention.cancel()
-            await asyncio.gather(self._retention, return_exceptions=True)
+        for task in (self._retention, self._stall_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._consumer is not None:
             if self._offsets is not None:
                 await self._offsets.flush()

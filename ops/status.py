@@ -14,6 +14,7 @@ is made, and the age of a dead letter is measured on this machine's clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -23,6 +24,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from outboxkit.actions.states import State
 from outboxkit.actions.tables import agent_operations
+from outboxkit.consumers.offsets import committed_ms
 from outboxkit.consumers.tables import inbox_events
 from outboxkit.ops.access import (
     DEFAULT_TIMEOUT_S,
@@ -42,7 +44,7 @@ from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.sharding import SHARD_COUNT
 from outboxkit.outbox.tables import outbox_events, outbox_relays, outbox_shard_leases
 from outboxkit.relay.failover import Gap, open_gaps
-from outboxkit.relay.outbox_counts import COUNT_CAP, read_counts
+from outboxkit.relay.outbox_counts import COUNT_CAP, oldest_due_in, read_counts
 from outboxkit.relay.slot import SlotLag, slot_lags
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -61,7 +63,13 @@ OK = "ok"
 UNREACHABLE = "unreachable"
 PARTIAL = "partial"
 MAX_CAUSE_CHARS = 300
+DEFAULT_MAX_STALL_S = 60.0
+DEFAULT_MAX_SLOT_INACTIVE_S = 300.0
+DEFAULT_MAX_GROUP_STALL_S = 300.0
 
+
+# Lagging partitions whose next record's age is read, per group and report.
+MAX_STALL_READS = 16
 
 GROUPS_NEED_DATABASE = (
     "the groups are the inbox's consumer names and the database is unreachable: "
@@ -78,13 +86,17 @@ class Unreachable:
 
 @dataclass
 class RelayInfo:
-    """A relay and the shards it holds a live lease on."""
+    """A relay and the shards it holds a live lease on; ``quiet_s``: how long it has published
+    nothing (as of its last heartbeat's record: since its last publish, or its start), and
+    ``oldest_due_age_s``: how long the oldest due row on its shards has waited."""
 
     relay_id: str
     host: str | None
     pid: int | None
     heartbeat_age_s: float | None
     shards: list[int]
+    quiet_s: float | None = None
+    oldest_due_age_s: float | None = None
 
 
 @dataclass
@@ -159,6 +171,8 @@ class DatabaseStatus:
     sequences: SequencesInfo = field(default_factory=SequencesInfo)
     # WAL-message gaps not yet acknowledged (relay/failover.py): each one crosses.
     gaps: list[Gap] = field(default_factory=list)
+    unheld_oldest_age_s: float | None = None
+    """How long the oldest due row on shards no relay holds a live lease on has waited."""
 
 
 @dataclass
@@ -170,6 +184,11 @@ class PartitionLag:
     committed: int | None
     end: int
     lag: int
+    committed_age_s: float | None = None
+    """Age of the last commit (outboxkit consumers stamp it), read for lagging partitions."""
+    waiting_age_s: float | None = None
+    """Age of the next record to handle, read for lagging partitions whose last commit (or
+    none) is older than ``--max-group-stall``."""
 
 
 @dataclass
@@ -210,7 +229,8 @@ class DlqTopicUnreachable:
 
 @dataclass
 class Thresholds:
-    """Alert limits; ``None`` checks nothing. A value above its limit crosses it."""
+    """Alert limits; ``None`` checks nothing. A value above its limit crosses it. The three
+    stall checks are on by default (docs/observability.md#stalls)."""
 
     max_oldest_age_s: float | None = None
     max_dlq: int | None = None
@@ -218,6 +238,9 @@ class Thresholds:
     max_lag: int | None = None
     max_slot_lag_bytes: int | None = None
     max_slot_age_s: float | None = None
+    max_stall_s: float | None = DEFAULT_MAX_STALL_S
+    max_slot_inactive_s: float | None = DEFAULT_MAX_SLOT_INACTIVE_S
+    max_group_stall_s: float | None = DEFAULT_MAX_GROUP_STALL_S
 
 
 Consumers = list[GroupLag] | Unreachable
@@ -292,6 +315,7 @@ class StatusReport:
                 "total": SHARD_COUNT,
                 "held": SHARD_COUNT - db.free_shards,
                 "free": db.free_shards,
+                "unheld_oldest_age_s": db.unheld_oldest_age_s,
             }
             report["actions"] = {**_state(None), **asdict(db.actions)}
             report["inbox"] = {**_state(None), **asdict(db.inbox)}
@@ -435,7 +459,9 @@ async def report_status(
                 return Unreachable(GROUPS_NEED_DATABASE)
             return list(database.inbox.by_consumer)
 
-        broker, consumers, dlq = await _read_kafka(kafka, group_names, dlq_topics)
+        broker, consumers, dlq = await _read_kafka(
+            kafka, group_names, dlq_topics, (limits or Thresholds()).max_group_stall_s
+        )
         database = await database_task
         if isinstance(engine, AsyncEngine) and not isinstance(database, Unreachable):
             await add_ledgers(engine, timeout, dlq)
@@ -474,6 +500,7 @@ async def _read_kafka(
     reader: DlqReader | Unreachable,
     group_names: Callable[[], Awaitable[list[str] | Unreachable]],
     dlq_topics: Sequence[str],
+    stall_after_s: float | None,
 ) -> tuple[Unreachable | None, Consumers, DeadLetters]:
     if isinstance(reader, Unreachable):
         return reader, reader, reader
@@ -495,7 +522,7 @@ async def _read_kafka(
         consumers = names
     else:
         try:
-            consumers = await group_lags(reader, names)
+            consumers = await group_lags(reader, names, stall_after_s)
         except OpsError as error:
             consumers = Unreachable(cause_line(error))
     return None, consumers, dlq
@@ -543,9 +570,19 @@ async def database_status(engine: AsyncEngine, count_cap: int = COUNT_CAP) -> Da
         slots = await slot_lags(connection)
         blocked = await summarize_sequences(connection)
         gaps = await open_gaps(connection)
+        # The oldest due row each relay's shards hold, and the shards nobody holds.
+        oldest_due = {
+            relay_id: _age_s(*await oldest_due_in(connection, shards))
+            for relay_id, shards in held.items()
+        }
+        unheld = set(range(SHARD_COUNT)).difference(*held.values())
+        unheld_oldest = _age_s(*await oldest_due_in(connection, unheld))
     relay_infos = []
     for relay_id in sorted(set(relays) | set(held)):
         registered = relays.get(relay_id)  # None: a lease holder that is not registered
+        quiet = None
+        if registered is not None:
+            quiet = _age_s(now_ms, registered.published_ms or registered.started_ms)
         relay_infos.append(
             RelayInfo(
                 relay_id=relay_id,
@@ -553,6 +590,8 @@ async def database_status(engine: AsyncEngine, count_cap: int = COUNT_CAP) -> Da
                 pid=registered.pid if registered else None,
                 heartbeat_age_s=_age_s(now_ms, registered.heartbeat_ms) if registered else None,
                 shards=held.get(relay_id, []),
+                quiet_s=quiet,
+                oldest_due_age_s=oldest_due.get(relay_id),
             )
         )
     return DatabaseStatus(
@@ -589,6 +628,7 @@ async def database_status(engine: AsyncEngine, count_cap: int = COUNT_CAP) -> Da
             oldest_blocked_ms=blocked.oldest_blocked_ms,
             oldest_blocked_age_s=_age_s(now_ms, blocked.oldest_blocked_ms),
         ),
+        unheld_oldest_age_s=unheld_oldest,
     )
 
 
@@ -600,34 +640,87 @@ def _in_s(now_ms: int, then_ms: int | None) -> float | None:
     return None if then_ms is None else (then_ms - now_ms) / 1000
 
 
-async def group_lags(reader: DlqReader, groups: Sequence[str]) -> list[GroupLag]:
+async def group_lags(
+    reader: DlqReader, groups: Sequence[str], stall_after_s: float | None = None
+) -> list[GroupLag]:
     """Each group's committed offsets against the end offsets of its topics' partitions.
 
     A partition of those topics without a committed offset counts everything it holds as lag
-    (a new member would start from the earliest record).
+    (a new member would start from the earliest record). For a lagging partition, the age of
+    its last commit (stamped by outboxkit consumers); when that is older than
+    ``stall_after_s`` (or unknown), the age of the next record to handle, read from Kafka
+    (one fetch, for at most :data:`MAX_STALL_READS` partitions a group).
     """
     topics = await reader.topics()
+    now_ms = int(time.time() * 1000)
     lags = []
-    for group in groups:
-        async with kafka_bounded(reader.kafka, reader.timeout, f"offsets of group {group}"):
-            committed = await reader.admin.list_consumer_group_offsets(group)
-        positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
-        names = sorted({tp.topic for tp in positions if tp.topic in topics})
-        tps = [TopicPartition(name, p) for name in names for p in topics[name]]
-        lag = GroupLag(group, 0)
-        if tps:
-            async with kafka_bounded(reader.kafka, reader.timeout, f"end offsets ({group})"):
-                begins = await reader.consumer.beginning_offsets(tps)
-                ends = await reader.consumer.end_offsets(tps)
-            for tp in tps:
-                position = positions.get(tp)
-                behind = ends[tp] - (position if position is not None else begins[tp])
-                lag.partitions.append(
-                    PartitionLag(tp.topic, tp.partition, position, ends[tp], max(0, behind))
-                )
-            lag.total_lag = sum(p.lag for p in lag.partitions)
-        lags.append(lag)
+    async with contextlib.AsyncExitStack() as stack:
+        records = _RecordReader(reader, stack)
+        for group in groups:
+            lags.append(await _group_lag(reader, records, group, topics, now_ms, stall_after_s))
     return lags
+
+
+class _RecordReader:
+    """Reads single records on a reader of its own, opened at the first need: the caller's
+    consumer may be shared (the console's), and reading a record moves it."""
+
+    def __init__(self, reader: DlqReader, stack: contextlib.AsyncExitStack) -> None:
+        self._kafka, self._timeout, self._stack = reader.kafka, reader.timeout, stack
+        self._own: DlqReader | None = None
+
+    async def age_s(self, tp: TopicPartition, offset: int, now_ms: int) -> float | None:
+        """Age of the record at ``offset`` by its timestamp; ``None`` if it cannot be read."""
+        try:
+            if self._own is None:
+                self._own = await self._stack.enter_async_context(
+                    DlqReader(self._kafka, self._timeout)
+                )
+            record = await self._own.fetch(tp.topic, tp.partition, offset)
+        except OpsError:
+            return None
+        return _age_s(now_ms, record.timestamp)
+
+
+async def _group_lag(
+    reader: DlqReader,
+    records: _RecordReader,
+    group: str,
+    topics: dict[str, list[int]],
+    now_ms: int,
+    stall_after_s: float | None,
+) -> GroupLag:
+    """One group's :class:`GroupLag` (see :func:`group_lags`)."""
+    async with kafka_bounded(reader.kafka, reader.timeout, f"offsets of group {group}"):
+        committed = await reader.admin.list_consumer_group_offsets(group)
+    positions = {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
+    stamps = {tp: committed_ms(meta.metadata) for tp, meta in committed.items()}
+    names = sorted({tp.topic for tp in positions if tp.topic in topics})
+    tps = [TopicPartition(name, p) for name in names for p in topics[name]]
+    lag = GroupLag(group, 0)
+    if tps:
+        async with kafka_bounded(reader.kafka, reader.timeout, f"end offsets ({group})"):
+            begins = await reader.consumer.beginning_offsets(tps)
+            ends = await reader.consumer.end_offsets(tps)
+        reads = 0
+        for tp in tps:
+            position = positions.get(tp)
+            start = position if position is not None else begins[tp]
+            part = PartitionLag(
+                tp.topic, tp.partition, position, ends[tp], max(0, ends[tp] - start)
+            )
+            lag.partitions.append(part)
+            if part.lag == 0:
+                continue
+            part.committed_age_s = _age_s(now_ms, stamps.get(tp))
+            old = part.committed_age_s is None or (
+                stall_after_s is not None and part.committed_age_s > stall_after_s
+            )
+            if stall_after_s is not None and old and reads < MAX_STALL_READS:
+                reads += 1
+                part.waiting_age_s = await records.age_s(tp, start, now_ms)
+        lag.total_lag = sum(p.lag for p in lag.partitions)
+    return lag
 
 
 async def dlq_counts(
@@ -714,11 +807,50 @@ async def _replayed(
     return int(await connection.scalar(select(func.count()).select_from(replayed)) or 0)
 
 
+def _stall_lines(db: DatabaseStatus, most: float | None) -> list[str]:
+    """Rows waiting longer than ``most`` on a relay that has published nothing for as long,
+    or on shards no relay holds (a relay stopped, dead or never started)."""
+    if most is None:
+        return []
+    lines = []
+    for relay in db.relays:
+        waited, quiet = relay.oldest_due_age_s, relay.quiet_s
+        if waited is not None and quiet is not None and waited > most and quiet > most:
+            lines.append(
+                f"relay {relay.relay_id} is stalled: the oldest due row on its "
+                f"{len(relay.shards)} shard(s) has waited {waited:.0f} s and it has published "
+                f"nothing for {quiet:.0f} s (--max-stall {most:g})"
+            )
+    waited = db.unheld_oldest_age_s
+    if waited is not None and waited > most:
+        lines.append(
+            f"outbox stalled: a row has been due for {waited:.0f} s on {db.free_shards} "
+            f"shard(s) no live relay holds (--max-stall {most:g})"
+        )
+    return lines
+
+
 def _slot_lines(slots: list[SlotLag], limits: Thresholds) -> list[str]:
     lines = []
+    inactive_after = limits.max_slot_inactive_s
     for slot in slots:
+        if slot.wal_status == "unreserved" and inactive_after is not None:
+            lines.append(
+                f"replication slot {slot.name} is about to be invalidated (wal_status "
+                "unreserved: it keeps more WAL than max_slot_wal_keep_size)"
+            )
+        age = slot.oldest_unconfirmed_age_s
+        idle = not slot.active and slot.wal_status != "lost"
+        if idle and inactive_after is not None and age is not None and age > inactive_after:
+            lines.append(
+                f"replication slot {slot.name} is inactive (no session streams it) and its "
+                f"oldest unconfirmed outbox insert is {age:.0f} s old "
+                f"(--max-slot-inactive {inactive_after:g})"
+            )
         if slot.wal_status == "lost" and (
-            limits.max_slot_lag_bytes is not None or limits.max_slot_age_s is not None
+            limits.max_slot_lag_bytes is not None
+            or limits.max_slot_age_s is not None
+            or inactive_after is not None
         ):
             # Its lag is unbounded: it crosses any slot threshold.
             lines.append(
@@ -742,6 +874,35 @@ def _slot_lines(slots: list[SlotLag], limits: Thresholds) -> list[str]:
     return lines
 
 
+def _group_stall_lines(groups: list[GroupLag], most: float) -> list[str]:
+    """Partitions whose next record has waited longer than ``most`` while the group
+    committed nothing there for as long (or never)."""
+    lines = []
+    for group in groups:
+        stuck = [
+            part
+            for part in group.partitions
+            if part.lag > 0
+            and part.waiting_age_s is not None
+            and part.waiting_age_s > most
+            and (part.committed_age_s is None or part.committed_age_s > most)
+        ]
+        if stuck:
+            worst = max(stuck, key=lambda part: part.waiting_age_s or 0.0)
+            committed = (
+                "never committed"
+                if worst.committed_age_s is None
+                else f"last committed {worst.committed_age_s:.0f} s ago"
+            )
+            lines.append(
+                f"consumer group {group.group} is stalled on {len(stuck)} partition(s): "
+                f"{worst.topic}[{worst.partition}] lags {worst.lag} record(s), the next one "
+                f"written {worst.waiting_age_s:.0f} s ago, {committed} "
+                f"(--max-group-stall {most:g})"
+            )
+    return lines
+
+
 def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
     """One line per threshold crossed (a value strictly above its limit), checked on the
     sections that could be read: an unreachable source crosses nothing here (see
@@ -759,6 +920,7 @@ def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
             lines.append(
                 f"{outbox.parked_text} parked outbox row(s) (--max-parked {limits.max_parked})"
             )
+        lines += _stall_lines(report.database, limits.max_stall_s)
         lines += _slot_lines(report.database.slots, limits)
         # No threshold: events were lost, whatever their number (outboxkit outbox gaps).
         lines += [
@@ -772,6 +934,8 @@ def crossed(report: StatusReport, limits: Thresholds) -> list[str]:
                     f"consumer group {group.group} lags {group.total_lag} record(s) "
                     f"(--max-lag {limits.max_lag})"
                 )
+    if limits.max_group_stall_s is not None and not isinstance(report.consumers, Unreachable):
+        lines += _group_stall_lines(report.consumers, limits.max_group_stall_s)
     if limits.max_dlq is not None and not isinstance(report.dlq, Unreachable):
         for info in report.dlq:
             if isinstance(info, DlqInfo) and info.records > limits.max_dlq:

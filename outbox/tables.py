@@ -89,6 +89,9 @@ outbox_relays = Table(
     Column("pid", Integer, nullable=False),
     Column("started_ms", BigInteger, nullable=False),
     Column("heartbeat_ms", BigInteger, nullable=False),
+    # When the relay last had a row acknowledged (database clock, written with each
+    # heartbeat; NULL until then): the stall check of ``status`` (migration 0018).
+    Column("published_ms", BigInteger, nullable=True),
 )
 
 outbox_shard_leases = Table(

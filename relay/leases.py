@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.sharding import SHARD_COUNT
@@ -37,14 +38,19 @@ class ShardLeases:
         (one reader per replication slot)."""
         return self.take_all or dialect_of(self.engine).single_writer
 
-    async def heartbeat(self) -> frozenset[int]:
-        """Register as alive, renew held leases, release or take shards toward a fair share."""
+    async def heartbeat(self, published_ago_s: float | None = None) -> frozenset[int]:
+        """Register as alive, renew held leases, release or take shards toward a fair share.
+
+        ``published_ago_s``: how long ago this relay last had a row acknowledged (``None``:
+        never), recorded as ``published_ms`` on the database clock for ``status``'s stall check.
+        """
         now = dialect_of(self.engine).now_ms()
+        beat: dict[str, Any] = {"heartbeat_ms": now}
+        if published_ago_s is not None:
+            beat["published_ms"] = now - round(published_ago_s * 1000)
         async with self.engine.begin() as conn:
             updated = await conn.execute(
-                update(outbox_relays)
-                .where(outbox_relays.c.relay_id == self.relay_id)
-                .values(heartbeat_ms=now)
+                update(outbox_relays).where(outbox_relays.c.relay_id == self.relay_id).values(beat)
             )
             if updated.rowcount == 0:
                 await conn.execute(
@@ -53,7 +59,7 @@ class ShardLeases:
                         host=self.host[:255],
                         pid=self.pid,
                         started_ms=now,
-                        heartbeat_ms=now,
+                        **beat,
                     )
                 )
             now_ms: int = (await conn.execute(select(now))).scalar_one()

@@ -164,6 +164,7 @@ class LogicalStream:
                         database = await conn.scalar(select(func.current_database()))
                     name = default_slot_name(str(database))
                 self.slot = Slot(relay.engine, name)
+                relay.stall.slot = name
             except DATABASE_ERRORS as error:
                 attempt = relay.database.failed(error)
                 await sleep_unless(stop, self.options.outage_backoff.delay(attempt))
@@ -197,7 +198,7 @@ class LogicalStream:
             try:
                 if time.monotonic() >= next_heartbeat:
                     await relay._sample_backlog()
-                    owned = await relay.leases.heartbeat()
+                    owned = await relay.leases.heartbeat(relay.stall.published_ago_s())
                     was_active, active = active, len(owned) == SHARD_COUNT
                     relay.readiness.mark_assigned(len(owned))
                     relay.database.succeeded()
@@ -448,6 +449,7 @@ class LogicalStream:
                 messages=self._messages_seen,
             )
         self.relay.stats.published += len(published)
+        self.relay.stall.published(len(published))
         metrics.PUBLISHED.inc(len(published))
         return len(published)
 
@@ -719,7 +721,7 @@ class LogicalStream:
 
     async def _keep_leases(self) -> None:
         relay = self.relay
-        owned = await relay.leases.heartbeat()
+        owned = await relay.leases.heartbeat(relay.stall.published_ago_s())
         relay.readiness.mark_assigned(len(owned))
         relay.database.succeeded()
         if len(owned) != SHARD_COUNT:

@@ -28,6 +28,11 @@ class RelayOptions:
     ``logical_reader``: ``"stream"`` (default) keeps one replication-protocol session open
     (psycopg2, in a thread); ``"sql"`` peeks with ``pg_logical_slot_peek_binary_changes`` on
     the relay's engine (a new decoding session per read: slower, no second driver).
+
+    ``stall_after_s``: rows due that long on the relay's shards while it published nothing
+    for as long make it stalled (a log line, ``/readyz`` 503, ``outboxkit_relay_stalled``);
+    ``max_slot_lag_bytes`` (logical mode, ``None``: no limit) does the same for its slot's
+    lag (docs/observability.md#stalls).
     """
 
     batch_size: int = 500
@@ -51,6 +56,8 @@ class RelayOptions:
     mode: Literal["poll", "logical"] = "poll"
     slot_name: str | None = None
     logical_reader: Literal["stream", "sql"] = "stream"
+    stall_after_s: float = 60.0
+    max_slot_lag_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("poll", "logical"):
@@ -71,6 +78,11 @@ class RelayOptions:
             raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
+        if self.stall_after_s < self.poll_interval_s:
+            # without LISTEN a row waits up to a poll interval for a relay that is well
+            raise ValueError("stall_after_s must not be shorter than poll_interval_s")
+        if self.max_slot_lag_bytes is not None and self.max_slot_lag_bytes < 0:
+            raise ValueError("max_slot_lag_bytes must not be negative")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.retention_s < 0:

@@ -13,6 +13,7 @@ entries cost 180-250 ms on a loaded 2-CPU machine, a capped one of 10,000 about 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from outboxkit.outbox.dialects import dialect_of
@@ -82,12 +83,13 @@ def counts_query(
     )
 
 
-def _oldest_due(now: ColumnElement[int]) -> ColumnElement[int]:
-    """When the backlog's oldest row became due: the earliest scheduled row's due time if
-    that has come and is earlier, else the oldest unscheduled row's creation (the one with
-    the lowest id: both are taken as the row is inserted); ``NULL`` for no backlog."""
-    unscheduled = _first(_rows.created_ms, _rows.id, *_UNSCHEDULED)
-    scheduled = _first(_rows.deliver_at_ms, _rows.deliver_at_ms, *_SCHEDULED)
+def _oldest_due(now: ColumnElement[int], *also: ColumnElement[bool]) -> ColumnElement[int]:
+    """When the backlog's oldest row (of those ``also`` selects) became due: the earliest
+    scheduled row's due time if that has come and is earlier, else the oldest unscheduled
+    row's creation (the one with the lowest id: both are taken as the row is inserted);
+    ``NULL`` for no backlog."""
+    unscheduled = _first(_rows.created_ms, _rows.id, *_UNSCHEDULED, *also)
+    scheduled = _first(_rows.deliver_at_ms, _rows.deliver_at_ms, *_SCHEDULED, *also)
     earlier = (scheduled <= now) & (unscheduled.is_(None) | (scheduled < unscheduled))
     return case((earlier, scheduled), else_=unscheduled)
 
@@ -106,6 +108,20 @@ async def read_counts(connection: AsyncConnection, cap: int = COUNT_CAP) -> Outb
         next_due_ms=next_due,
         cap=cap,
     )
+
+
+async def oldest_due_in(
+    connection: AsyncConnection, shards: Collection[int]
+) -> tuple[int, int | None]:
+    """``(now_ms, oldest_due_ms)``: the database clock and when the oldest due row of
+    ``shards`` became due (``None``: none waits). The walk a claim of those shards makes."""
+    now = dialect_of(connection).statement_now_ms()
+    if not shards:
+        return int(await connection.scalar(select(now)) or 0), None
+    row = (
+        await connection.execute(select(now, _oldest_due(now, _rows.shard.in_(sorted(shards)))))
+    ).one()
+    return int(row[0]), row[1]
 
 
 def _count(*where: ColumnElement[bool]) -> ScalarSelect[int]:

@@ -33,6 +33,7 @@ from outboxkit.relay.notify import CommitListener
 from outboxkit.relay.options import RelayOptions
 from outboxkit.relay.publisher import BatchOutcome, KafkaUnavailable, Publisher
 from outboxkit.relay.retention import delete_published
+from outboxkit.relay.stall import StallWatch
 from outboxkit.relay.waiting import DATABASE_ERRORS
 from outboxkit.relay.waiting import sleep_unless as _sleep_unless
 from outboxkit.relay.waiting import wait_any as _wait_any
@@ -118,11 +119,19 @@ class Relay:
         self.readiness = Readiness(assigned_what="shard_leases", min_assigned=1)
         self.database = DependencyHealth("database", self.readiness.mark_database, log)
         self.kafka = DependencyHealth("kafka", self.readiness.mark_broker, log)
+        self.stall = StallWatch(
+            self.engine,
+            self.leases,
+            self.readiness,
+            after_s=self.options.stall_after_s,
+            max_slot_lag_bytes=self.options.max_slot_lag_bytes,
+        )
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._until_drained = False
         self._settling = _SettleInFlight()
         self._task: asyncio.Task[None] | None = None
+        self._stall_task: asyncio.Task[None] | None = None
         self._not_migrated = False
         self.logical: LogicalStream | None = None  # the work loop, in logical mode
 
@@ -138,6 +147,7 @@ class Relay:
         self._stopping.clear()
         self.readiness.start()
         self._task = asyncio.create_task(self._work(), name=f"outboxkit-relay-{self.relay_id}")
+        self._stall_task = asyncio.create_task(self.stall.run(), name="outboxkit-stall-watch")
 
     async def stop(self) -> None:
         """Stop gracefully and wait until stopped; safe to call any number of times.
@@ -207,6 +217,9 @@ class Relay:
             else:
                 await self._loop(self._stopping)
         finally:
+            if self._stall_task is not None:
+                self._stall_task.cancel()
+                await asyncio.gather(self._stall_task, return_exceptions=True)
             await self.readiness.stop()
             if listener is not None:
                 await listener.stop()
@@ -223,7 +236,7 @@ class Relay:
                     # relay published, or the other one would publish them again.
                     await self._settling.wait()
                     await self._sample_backlog()
-                    owned = await self.leases.heartbeat()
+                    owned = await self.leases.heartbeat(self.stall.published_ago_s())
                     self.readiness.mark_assigned(len(owned))
                     self.database.succeeded()
                     await self.publisher.ping()  # Kafka's health even when nothing is pending
@@ -336,6 +349,7 @@ class Relay:
         )
         self.stats.batches += 1
         self.stats.published += len(outcome.published)
+        self.stall.published(len(outcome.published))
         self.stats.failed += len(outcome.failed)
         metrics.BATCH_SIZE.observe(len(outcome.published) + len(outcome.failed))
         metrics.PUBLISHED.inc(len(outcome.published))

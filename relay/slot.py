@@ -333,6 +333,25 @@ async def _major_version(conn: AsyncConnection) -> int:
     )
 
 
+async def slot_state(conn: AsyncConnection, name: str) -> SlotLag | None:
+    """Slot ``name``'s activity, ``wal_status`` and lag (one row of ``pg_replication_slots``,
+    none of the outbox: ``retained_bytes`` 0 and no insert age), or ``None`` if it does not
+    exist."""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT active, coalesce(wal_status, 'reserved') AS wal_status, "
+                "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint "
+                "AS lag FROM pg_replication_slots WHERE slot_name = :slot"
+            ),
+            {"slot": name},
+        )
+    ).first()
+    if row is None:
+        return None
+    return SlotLag(name, bool(row.active), int(row.lag), 0, None, str(row.wal_status))
+
+
 async def slot_lags(conn: AsyncConnection) -> list[SlotLag]:
     """The logical slots of the connection's database (none on SQLite)."""
     if not dialect_of(conn).logical_replication:

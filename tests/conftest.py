@@ -15,6 +15,8 @@ from outboxkit.testing.kafka import KafkaBroker, broker_from_env
 from outboxkit.testing.pgbouncer import PgBouncer, running_pgbouncer
 from outboxkit.testing.postgres import TlsCluster, server_url, throwaway_database, tls_cluster
 
+from tests.support.kafka import broker_of_its_own
+
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
 INTEGRATION_FIXTURES = frozenset(
@@ -43,12 +45,8 @@ def kafka_bootstrap() -> Iterator[str]:
 @pytest.fixture
 def own_kafka() -> Iterator[KafkaBroker]:
     """A broker of the test's own, for tests that stop and restart it."""
-    broker = KafkaBroker()
-    broker.start()
-    try:
+    with broker_of_its_own() as broker:
         yield broker
-    finally:
-        broker.close()
 
 
 @pytest.fixture(scope="session")

@@ -248,3 +248,31 @@ def test_the_workflow_list_is_paged_by_keyset_along_its_index(
             assert "Index Scan Backward using ix_workflow_instances_updated" in plan, plan
             assert "Sort" not in plan and "Seq Scan" not in plan, plan
     engine.dispose()
+
+
+def test_the_overview_shows_a_stalled_outbox_in_red(pg_url: str, kafka_bootstrap: str) -> None:
+    """Rows due longer than the stall time (60 s) with no relay holding their shards: the
+    overview names the stall in red; rows just written are not one."""
+    config = ConsoleConfig(
+        db_url=pg_url,
+        kafka=KafkaSettings(bootstrap=kafka_bootstrap),
+        tokens=TOKENS,
+        report_ttl_s=0.0,  # each view reads its own report
+    )
+    engine = make_engine(pg_url, poolclass=NullPool)
+    with Session(engine) as session, session.begin():
+        Outbox(default_topic="stalled").add(session, new_event("order.placed", "/shop", {}))
+    with serving(config) as base, signed_in(base, VIEWER_TOKEN) as client:
+        assert 'id="stalled"' not in client.get("/overview/live").text
+        with engine.begin() as connection:  # as if written two minutes ago
+            connection.execute(
+                update(outbox_events).values(created_ms=outbox_events.c.created_ms - 120_000)
+            )
+        live = client.get("/overview/live").text
+    engine.dispose()
+    assert re.search(
+        r'<section class="unreachable stalled" id="stalled">.*<li class="down">outbox stalled: '
+        r"a row has been due for 1\d\d s on 64 shard\(s\) no live relay holds",
+        live,
+        re.S,
+    ), live

@@ -167,10 +167,19 @@ async def test_status_reports_what_was_set_up_and_thresholds_set_the_exit_code(
     assert relays["relay-b"]["shards"] == list(range(32, 64))
     assert relays["relay-b"]["pid"] == os.getpid() + 1
     assert all(0 <= r["heartbeat_age_s"] < 60 for r in relays.values())
-    assert report["shards"] == {"status": "ok", "total": 64, "held": 64, "free": 0}
+    assert report["shards"] == {
+        "status": "ok", "total": 64, "held": 64, "free": 0, "unheld_oldest_age_s": None,
+    }  # fmt: skip
+    # Rows two minutes old on shards whose relays started just now: no stall yet.
+    assert all(r["quiet_s"] < 60 for r in relays.values())
+    assert max(r["oldest_due_age_s"] or 0 for r in relays.values()) >= 120
     actions = report["actions"]
     assert (actions["status"], actions["unknown"], actions["needs_attention"]) == ("ok", 1, 0)
     assert UNKNOWN_FOR_MS / 1000 <= actions["oldest_unknown_age_s"] < UNKNOWN_FOR_MS / 1000 + 60
+    caught_up, lagging = report["consumers"]["groups"][0]["partitions"]
+    assert (caught_up.pop("committed_age_s"), caught_up.pop("waiting_age_s")) == (None, None)
+    assert lagging.pop("committed_age_s") is None  # committed by a client that stamps no time
+    assert 0 <= lagging.pop("waiting_age_s") < 60  # the next record's age, read from Kafka
     assert report["consumers"] == {
         "status": "ok",
         "groups": [
@@ -277,7 +286,8 @@ async def test_broker_down_still_reports_the_database(
 ) -> None:
     group, _ = await outage_set_up(pg_url, kafka_bootstrap, topic)
     bootstrap = DOWN_BROKER if broker == "refused" else mute_server
-    common = ("--db-url", pg_url, "--bootstrap", bootstrap, "--timeout", "1")
+    # No relay runs here: the rows' stall (exit 1) is not what this test is about.
+    common = ("--db-url", pg_url, "--bootstrap", bootstrap, "--timeout", "1", "--max-stall", "1d")
     why = "unreachable (connecting)" if broker == "refused" else "did not answer within 1 s"
 
     as_json = await cli("status", "--json", *common)
@@ -389,6 +399,7 @@ async def test_one_missing_dlq_topic_is_marked_and_the_others_counted(
     group, dlq = await outage_set_up(pg_url, kafka_bootstrap, topic)
     missing = f"{topic}.gone.dlq"
     common = ("--db-url", pg_url, "--bootstrap", kafka_bootstrap, "--dlq", dlq, "--dlq", missing)
+    common += ("--max-stall", "1d")  # no relay runs here: the rows' stall is another test's
 
     as_json = await cli("status", "--json", *common)
     text = await cli("status", *common)
@@ -519,3 +530,19 @@ async def test_parked_and_scheduled_rows_are_counted_up_to_a_cap_and_said_so(
     assert below.code == 0 and "threshold crossed" not in below.err, below.err
     above = await cli("status", *where, "--max-parked", str(COUNT_CAP + 4))
     assert above.code == 1 and "parked outbox row(s) (--max-parked" in above.err, above.err
+
+
+async def test_rows_due_with_no_relay_holding_their_shards_are_a_stall_by_default(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    await outage_set_up(pg_url, kafka_bootstrap, topic)  # rows two minutes old, no relay
+    common = ("status", "--db-url", pg_url, "--bootstrap", kafka_bootstrap)
+    stalled = await cli(*common)
+    assert stalled.code == 1, stalled.err
+    [line] = stalled.err.strip().splitlines()
+    assert re.fullmatch(
+        r"outboxkit: threshold crossed: outbox stalled: a row has been due for 1\d\d s on 64 "
+        r"shard\(s\) no live relay holds \(--max-stall 60\)",
+        line,
+    ), line
+    assert (await cli(*common, "--max-stall", "1h")).code == 0

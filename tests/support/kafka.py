@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.testing.kafka import KafkaBroker
 
 from tests.support.waits import scaled
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def broker_of_its_own() -> Iterator[KafkaBroker]:
+    """A started broker for tests that stop and restart it; closed (data deleted) after."""
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.close()
 
 
 async def read_topic(
