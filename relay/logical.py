@@ -176,16 +176,21 @@ class LogicalStream:
     async def _remember_last(self) -> None:
         """Record the last confirmed position on the way out, so a restart after a drain
         finds the slot's exact position (a failover in between: no false gap)."""
+        with contextlib.suppress(*DATABASE_ERRORS):
+            await self._remember()
+
+    async def _remember(self) -> None:
+        """Record the server and the position last confirmed on it (relay/failover.py)."""
         if self.slot is None or self._server is None:
             return
-        with contextlib.suppress(*DATABASE_ERRORS):
-            await failover.remember(
-                self.relay.engine,
-                self.slot.name,
-                self._server,
-                self._confirmed_lsn,
-                messages=self._messages_seen,
-            )
+        self._remembered_at = time.monotonic()
+        await failover.remember(
+            self.relay.engine,
+            self.slot.name,
+            self._server,
+            self._confirmed_lsn,
+            messages=self._messages_seen,
+        )
 
     async def _loop(self, stop: asyncio.Event) -> None:
         relay = self.relay
@@ -438,15 +443,8 @@ class LogicalStream:
         assert self.slot is not None
         await self.slot.confirm(end_lsn, published)
         self._confirmed_lsn = max(self._confirmed_lsn, end_lsn)
-        if self._server is not None and time.monotonic() >= self._remembered_at + REMEMBER_EVERY_S:
-            self._remembered_at = time.monotonic()
-            await failover.remember(
-                self.relay.engine,
-                self.slot.name,
-                self._server,
-                self._confirmed_lsn,
-                messages=self._messages_seen,
-            )
+        if time.monotonic() >= self._remembered_at + REMEMBER_EVERY_S:
+            await self._remember()
         self.relay.stats.published += len(published)
         metrics.PUBLISHED.inc(len(published))
         return len(published)
@@ -662,26 +660,17 @@ class LogicalStream:
             )
             return
         lost, note = await failover.count_lost(self.relay.engine, old, starts)
-        if lost == 0:
-            log.info(
-                "slot %s: %s; no outbox WAL message between %s and %s: none lost (%s)",
-                name,
-                cause,
-                lsn_text(old),
-                lsn_text(starts),
-                note,
-            )
-            return
-        if lost is None and not messages:
-            log.warning(
-                "slot %s: %s; the outbox WAL messages between %s and %s, if any, are lost "
-                "(%s; the slot never decoded one, so none is assumed)",
-                name,
-                cause,
-                lsn_text(old),
-                lsn_text(starts),
-                note,
-            )
+        between = f"between {lsn_text(old)} and {lsn_text(starts)}"
+        if lost == 0 or (lost is None and not messages):
+            # Nothing lost, or nothing known to be: the slot never decoded a WAL message.
+            level, says = logging.INFO, f"no outbox WAL message {between}: none lost ({note})"
+            if lost is None:
+                level, says = (
+                    logging.WARNING,
+                    f"the outbox WAL messages {between}, if any, are lost ({note}; the slot "
+                    "never decoded one, so none is assumed)",
+                )
+            log.log(level, "slot %s: %s; %s", name, cause, says)
             return
         gap = await failover.record_gap(self.relay.engine, name, cause, old, starts, lost, note)
         await self._show_gaps()

@@ -17,6 +17,7 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 from outboxkit.migrations.runner import upgrade
@@ -61,6 +62,28 @@ def db_url(pair: FailoverPair) -> str:
     return url
 
 
+class Scene(NamedTuple):
+    """What each test here uses: the pair, a database on it, the broker, a topic, the log."""
+
+    pair: FailoverPair
+    db_url: str
+    bootstrap: str
+    topic: str
+    caplog: pytest.LogCaptureFixture
+
+
+@pytest.fixture
+def scene(
+    pair: FailoverPair,
+    db_url: str,
+    kafka_bootstrap: str,
+    topic: str,
+    caplog: pytest.LogCaptureFixture,
+) -> Scene:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    return Scene(pair, db_url, kafka_bootstrap, topic, caplog)
+
+
 def write_messages(url: str, topic: str, start: int, count: int) -> None:
     """Events ``start..start+count`` as outbox WAL messages (``Outbox(wal_messages=True)``)."""
     engine = make_engine(url)
@@ -92,13 +115,9 @@ def gap_lines(text_: str) -> list[str]:
 
 
 async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_running(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     relay = relay_for(db_url, kafka_bootstrap)
     async with relay:
         write_sequence(db_url, topic, 0, 150, per_tx=10)
@@ -115,13 +134,9 @@ async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_running(
 
 
 async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_restarted(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     async with relay_for(db_url, kafka_bootstrap):
         write_sequence(db_url, topic, 0, 150, per_tx=10)
         await wait_for(lambda: pending_rows(db_url), lambda n: n == 0, 60, "first rows sent")
@@ -172,13 +187,9 @@ async def assert_acknowledged(relay: Relay, url: str, bootstrap: str, gap: int) 
 
 
 async def test_wal_messages_lost_in_a_promotion_are_reported_relay_running(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     relay = relay_for(db_url, kafka_bootstrap)
     async with relay:
         await streaming(relay)
@@ -196,13 +207,9 @@ async def test_wal_messages_lost_in_a_promotion_are_reported_relay_running(
 
 
 async def test_wal_messages_lost_in_a_promotion_are_reported_relay_restarted(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     async with relay_for(db_url, kafka_bootstrap) as first:
         await streaming(first)
         write_messages(db_url, topic, 0, 100)
