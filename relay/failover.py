@@ -133,9 +133,11 @@ async def load_seen(engine: AsyncEngine, slot: str) -> Seen | None:
 
 async def remember(
     engine: AsyncEngine, slot: str, server: Server, confirmed_lsn: int, *, messages: bool
-) -> None:
+) -> bool:
     """Record ``slot``'s confirmed position on ``server`` (and that it decoded outbox WAL
-    messages, if ``messages``; once recorded, that stays)."""
+    messages, if ``messages``; once recorded, that stays); ``False`` if ``engine`` reaches
+    another server now (a failover since: the new server keeps what it received of the old
+    one's records, whose positions never pass the point where its timeline forked)."""
     now = db_now_ms("postgresql")
     values = {
         "system_id": server.system_id,
@@ -154,7 +156,11 @@ async def remember(
         },
     )
     async with engine.begin() as conn:
+        row = (await conn.execute(_SERVER)).one()
+        if Server(str(row.system_id), int(row.timeline)) != server:
+            return False
         await conn.execute(statement)
+    return True
 
 
 async def count_lost(engine: AsyncEngine, from_lsn: int, to_lsn: int) -> tuple[int | None, str]:

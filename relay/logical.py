@@ -131,6 +131,7 @@ class LogicalStream:
         self._confirmed_lsn = 0
         self._messages_seen = False
         self._remembered_at = 0.0
+        self._remembered_lsn = 0
         # The replication session, apart from the database's health: the heartbeat's
         # round trip may work while the stream keeps failing (a slot held, no REPLICATION).
         self.replication = DependencyHealth("replication stream", self._mark_stream, log)
@@ -184,13 +185,11 @@ class LogicalStream:
         if self.slot is None or self._server is None:
             return
         self._remembered_at = time.monotonic()
+        confirmed = self._confirmed_lsn
         await failover.remember(
-            self.relay.engine,
-            self.slot.name,
-            self._server,
-            self._confirmed_lsn,
-            messages=self._messages_seen,
+            self.relay.engine, self.slot.name, self._server, confirmed, messages=self._messages_seen
         )
+        self._remembered_lsn = confirmed
 
     async def _loop(self, stop: asyncio.Event) -> None:
         relay = self.relay
@@ -278,6 +277,8 @@ class LogicalStream:
             if worked:
                 continue
             try:
+                if self._confirmed_lsn > self._remembered_lsn:
+                    await self._remember()  # idle: the exact position, for a failover
                 if (
                     relay._until_drained
                     and await relay.claims.pending_count() == 0
@@ -602,11 +603,13 @@ class LogicalStream:
             state = catch_up.CatchUpState(after, None, 0)
         starts = await self._slot_position()
         if cause is not None:
-            old = max(self._confirmed_lsn, seen.confirmed_lsn if seen is not None else 0)
+            old = seen.confirmed_lsn if seen is not None else 0
+            if moved is None:  # same server: this relay's own position is comparable
+                old = max(old, self._confirmed_lsn)
             messages = self._messages_seen or (seen is not None and seen.messages_seen_ms)
             await self._gap(cause, old, starts, messages=bool(messages))
         self._server, self._confirmed_lsn = server, starts
-        await failover.remember(relay.engine, name, server, starts, messages=False)
+        await self._remember()
         if state is not None:
             until = state.until_id
             if until is None:
