@@ -14,7 +14,9 @@ copied to a standby before PostgreSQL 17).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -40,6 +42,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[FailoverPair]:
+    """A primary and a streaming standby of their own (root and pg_createcluster, as tls_pg)."""
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        pytest.skip("the failover pair needs root and pg_createcluster")
     with failover_pair() as made:
         yield made
 
