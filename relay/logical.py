@@ -602,6 +602,16 @@ class LogicalStream:
             log.info("created slot %s; publishing the rows already in the table first", name)
             state = catch_up.CatchUpState(after, None, 0)
         starts = await self._slot_position()
+        if (
+            cause is None
+            and state is not None
+            and seen is not None
+            and moved is None
+            and seen.confirmed_lsn < starts
+        ):
+            # A catch-up left unfinished, of a slot that starts after the position recorded
+            # before it: a relay re-created it and stopped before it recorded the break.
+            cause = "slot dropped (re-created by a relay that stopped before recording it)"
         if cause is not None:
             old = seen.confirmed_lsn if seen is not None else 0
             if moved is None:  # same server: this relay's own position is comparable

@@ -24,8 +24,9 @@ from typing import NamedTuple
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox import Outbox, new_event
-from outboxkit.outbox.db import make_engine
-from outboxkit.relay import Relay
+from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.relay import Relay, catch_up
+from outboxkit.relay.slot import Slot, default_slot_name
 from outboxkit.testing.postgres_pair import FailoverPair, failover_pair
 from prometheus_client import REGISTRY
 from sqlalchemy import text
@@ -229,3 +230,29 @@ async def test_wal_messages_lost_in_a_promotion_are_reported_relay_restarted(
         write_messages(db_url, topic, 180, 20)
         assert await on_kafka(kafka_bootstrap, topic, 120) == set(range(100)) | set(range(180, 200))
         await assert_acknowledged(relay, db_url, kafka_bootstrap, gap)
+
+
+async def test_a_slot_recreated_by_a_relay_that_stopped_before_recording_the_gap(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No failover here: the slot is dropped while no relay runs, and re-created as a relay
+    # does (catch-up intent, then the slot) by one that stops before it records the gap.
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    async with relay_for(pg_url, kafka_bootstrap) as first:
+        await streaming(first)
+        write_messages(pg_url, topic, 0, 20)
+        assert await on_kafka(kafka_bootstrap, topic, 20) == set(range(20))
+    write_messages(pg_url, topic, 20, 30)  # after the slot's position: lost with it
+    engine = make_async_engine(pg_url)
+    slot = Slot(engine, default_slot_name(pg_url.rsplit("/", 1)[1]))
+    assert await slot.drop()
+    await catch_up.intend(engine, slot.name, await catch_up.highest_id(engine))
+    await slot.create()
+    await engine.dispose()
+    relay = relay_for(pg_url, kafka_bootstrap)
+    async with relay:
+        await wait_for(lambda: gap_lines(caplog.text), bool, 60, "the gap reported")
+        assert "re-created by a relay that stopped before recording it)): 30 outbox" in (
+            caplog.text
+        )
+        assert not relay.readiness.ready()[0]
