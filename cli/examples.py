@@ -19,6 +19,7 @@ EXAMPLES: dict[str, str] = {
     "status": "outboxkit status --max-oldest-age 5m --max-dlq 0 --json",
     "outbox list": "outboxkit outbox list --parked --limit 20",
     "outbox requeue": "outboxkit outbox requeue --all-parked --json",
+    "outbox gaps": "outboxkit outbox gaps --ack 1",
     "dlq list": "outboxkit dlq list orders.dlq --group --since 2h",
     "dlq show": "outboxkit dlq show orders.dlq 42 --partition 0",
     "dlq replay": "outboxkit dlq replay orders.dlq --error-class TimeoutError --dry-run",

@@ -39,22 +39,29 @@ _SERVER = text(
     "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int AS timeline "
     "FROM pg_control_system()"
 )
-# Outbox WAL messages in a WAL range: those of transactions that committed in it (a savepoint's
-# messages are its subtransaction's: listed by the top commit), and all of them.
+# Outbox WAL messages of the transactions that committed in a WAL range (a savepoint's messages
+# are its subtransaction's: listed by the top commit), and all those in the range. The records
+# are read from ``scan_from``, before the range: a transaction that committed in it may have
+# written messages before the old slot's position (its commit came after, so it was not
+# published).
 _COUNT = text(
-    "WITH r AS (SELECT xid, resource_manager AS rm, record_type AS kind, description AS d "
-    " FROM pg_get_wal_records_info(CAST(CAST(:from_lsn AS text) AS pg_lsn), "
-    "CAST(CAST(:to_lsn AS text) AS pg_lsn)) "
+    "WITH r AS (SELECT start_lsn, xid, resource_manager AS rm, record_type AS kind, "
+    " description AS d FROM pg_get_wal_records_info(CAST(CAST(:scan_from AS text) AS pg_lsn), "
+    " CAST(CAST(:to_lsn AS text) AS pg_lsn)) "
     " WHERE resource_manager IN ('LogicalMessage', 'Transaction')), "
-    "commits AS (SELECT xid, d FROM r WHERE rm = 'Transaction' AND kind LIKE 'COMMIT%'), "
+    "commits AS (SELECT xid, d FROM r WHERE rm = 'Transaction' AND kind LIKE 'COMMIT%' "
+    " AND start_lsn >= CAST(CAST(:from_lsn AS text) AS pg_lsn)), "
     "committed AS (SELECT CAST(xid AS text) AS x FROM commits UNION SELECT sub FROM commits, "
     " unnest(string_to_array(substring(d FROM 'subxacts: ([0-9 ]+)'), ' ')) AS sub "
     " WHERE sub <> ''), "
-    "messages AS (SELECT CAST(xid AS text) AS x FROM r WHERE rm = 'LogicalMessage' "
+    "messages AS (SELECT start_lsn, CAST(xid AS text) AS x FROM r WHERE rm = 'LogicalMessage' "
     " AND d LIKE 'transactional, prefix \"outboxkit\";%') "
     "SELECT count(*) FILTER (WHERE x IN (SELECT x FROM committed)) AS lost, "
-    "count(*) AS messages FROM messages"
+    "count(*) FILTER (WHERE start_lsn >= CAST(CAST(:from_lsn AS text) AS pg_lsn)) AS messages "
+    "FROM messages"
 )
+LOOKBACK_BYTES = 64 << 20
+"""How far before a gap the WAL is read for the messages of transactions committed in it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +140,11 @@ async def load_seen(engine: AsyncEngine, slot: str) -> Seen | None:
 
 async def remember(
     engine: AsyncEngine, slot: str, server: Server, confirmed_lsn: int, *, messages: bool
-) -> None:
+) -> bool:
     """Record ``slot``'s confirmed position on ``server`` (and that it decoded outbox WAL
-    messages, if ``messages``; once recorded, that stays)."""
+    messages, if ``messages``; once recorded, that stays); ``False`` if ``engine`` reaches
+    another server now (a failover since: the new server keeps what it received of the old
+    one's records, whose positions never pass the point where its timeline forked)."""
     now = db_now_ms("postgresql")
     values = {
         "system_id": server.system_id,
@@ -154,7 +163,11 @@ async def remember(
         },
     )
     async with engine.begin() as conn:
+        row = (await conn.execute(_SERVER)).one()
+        if Server(str(row.system_id), int(row.timeline)) != server:
+            return False
         await conn.execute(statement)
+    return True
 
 
 async def count_lost(engine: AsyncEngine, from_lsn: int, to_lsn: int) -> tuple[int | None, str]:
@@ -165,24 +178,39 @@ async def count_lost(engine: AsyncEngine, from_lsn: int, to_lsn: int) -> tuple[i
         return 0, "an empty range"
     if to_lsn - from_lsn > COUNT_AT_MOST_BYTES:
         return None, f"not counted: the range is {to_lsn - from_lsn} bytes of WAL"
+    values = {"from_lsn": lsn_text(from_lsn), "to_lsn": lsn_text(to_lsn)}
+    note = "counted in the WAL with pg_walinspect (committed transactions)"
     async with engine.connect() as conn:
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
         try:
             await _walinspect(conn)
-            row = (
-                await conn.execute(
-                    _COUNT, {"from_lsn": lsn_text(from_lsn), "to_lsn": lsn_text(to_lsn)}
+            row = None
+            # From before the range, as far back as the server still has the WAL: the start
+            # of the position's 16 MB segment at least, which it has.
+            for scan_from in (from_lsn - LOOKBACK_BYTES, from_lsn & ~((16 << 20) - 1)):
+                try:
+                    scan = {**values, "scan_from": lsn_text(max(scan_from, 1))}
+                    row = (await conn.execute(_COUNT, scan)).one()
+                    break
+                except DBAPIError:
+                    continue
+            if row is None:
+                note += (
+                    "; the WAL before the range is gone: the messages a transaction wrote "
+                    "before the old slot's position are not counted"
                 )
-            ).one()
+                row = (
+                    await conn.execute(_COUNT, {**values, "scan_from": lsn_text(from_lsn)})
+                ).one()
         except DBAPIError as error:
             reason = str(error.orig).strip().splitlines()[0]
             return None, f"not counted: pg_walinspect could not read the range ({reason})"
     lost, messages = int(row.lost), int(row.messages)
-    note = "counted in the WAL with pg_walinspect (committed transactions)"
     if messages > lost:
         note += (
-            f"; {messages - lost} more message(s) of transactions that did not commit in "
-            "the range (rolled back, or cut off by the failover) are not counted"
+            f"; {messages - lost} more message(s) in the range, of transactions that did "
+            "not commit in it (rolled back, cut off by the failover, or committed after the "
+            "new slot's start, which publishes them), are not counted"
         )
     return lost, note
 

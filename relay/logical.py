@@ -131,6 +131,7 @@ class LogicalStream:
         self._confirmed_lsn = 0
         self._messages_seen = False
         self._remembered_at = 0.0
+        self._remembered_lsn = 0
         # The replication session, apart from the database's health: the heartbeat's
         # round trip may work while the stream keeps failing (a slot held, no REPLICATION).
         self.replication = DependencyHealth("replication stream", self._mark_stream, log)
@@ -177,16 +178,19 @@ class LogicalStream:
     async def _remember_last(self) -> None:
         """Record the last confirmed position on the way out, so a restart after a drain
         finds the slot's exact position (a failover in between: no false gap)."""
+        with contextlib.suppress(*DATABASE_ERRORS):
+            await self._remember()
+
+    async def _remember(self) -> None:
+        """Record the server and the position last confirmed on it (relay/failover.py)."""
         if self.slot is None or self._server is None:
             return
-        with contextlib.suppress(*DATABASE_ERRORS):
-            await failover.remember(
-                self.relay.engine,
-                self.slot.name,
-                self._server,
-                self._confirmed_lsn,
-                messages=self._messages_seen,
-            )
+        self._remembered_at = time.monotonic()
+        confirmed = self._confirmed_lsn
+        await failover.remember(
+            self.relay.engine, self.slot.name, self._server, confirmed, messages=self._messages_seen
+        )
+        self._remembered_lsn = confirmed
 
     async def _loop(self, stop: asyncio.Event) -> None:
         relay = self.relay
@@ -274,6 +278,8 @@ class LogicalStream:
             if worked:
                 continue
             try:
+                if self._confirmed_lsn > self._remembered_lsn:
+                    await self._remember()  # idle: the exact position, for a failover
                 if (
                     relay._until_drained
                     and await relay.claims.pending_count() == 0
@@ -439,15 +445,8 @@ class LogicalStream:
         assert self.slot is not None
         await self.slot.confirm(end_lsn, published)
         self._confirmed_lsn = max(self._confirmed_lsn, end_lsn)
-        if self._server is not None and time.monotonic() >= self._remembered_at + REMEMBER_EVERY_S:
-            self._remembered_at = time.monotonic()
-            await failover.remember(
-                self.relay.engine,
-                self.slot.name,
-                self._server,
-                self._confirmed_lsn,
-                messages=self._messages_seen,
-            )
+        if time.monotonic() >= self._remembered_at + REMEMBER_EVERY_S:
+            await self._remember()
         self.relay.stats.published += len(published)
         self.relay.stall.published(len(published))
         metrics.PUBLISHED.inc(len(published))
@@ -605,12 +604,24 @@ class LogicalStream:
             log.info("created slot %s; publishing the rows already in the table first", name)
             state = catch_up.CatchUpState(after, None, 0)
         starts = await self._slot_position()
+        if (
+            cause is None
+            and state is not None
+            and seen is not None
+            and moved is None
+            and seen.confirmed_lsn < starts
+        ):
+            # A catch-up left unfinished, of a slot that starts after the position recorded
+            # before it: a relay re-created it and stopped before it recorded the break.
+            cause = "slot dropped (re-created by a relay that stopped before recording it)"
         if cause is not None:
-            old = max(self._confirmed_lsn, seen.confirmed_lsn if seen is not None else 0)
+            old = seen.confirmed_lsn if seen is not None else 0
+            if moved is None:  # same server: this relay's own position is comparable
+                old = max(old, self._confirmed_lsn)
             messages = self._messages_seen or (seen is not None and seen.messages_seen_ms)
             await self._gap(cause, old, starts, messages=bool(messages))
         self._server, self._confirmed_lsn = server, starts
-        await failover.remember(relay.engine, name, server, starts, messages=False)
+        await self._remember()
         if state is not None:
             until = state.until_id
             if until is None:
@@ -664,26 +675,17 @@ class LogicalStream:
             )
             return
         lost, note = await failover.count_lost(self.relay.engine, old, starts)
-        if lost == 0:
-            log.info(
-                "slot %s: %s; no outbox WAL message between %s and %s: none lost (%s)",
-                name,
-                cause,
-                lsn_text(old),
-                lsn_text(starts),
-                note,
-            )
-            return
-        if lost is None and not messages:
-            log.warning(
-                "slot %s: %s; the outbox WAL messages between %s and %s, if any, are lost "
-                "(%s; the slot never decoded one, so none is assumed)",
-                name,
-                cause,
-                lsn_text(old),
-                lsn_text(starts),
-                note,
-            )
+        between = f"between {lsn_text(old)} and {lsn_text(starts)}"
+        if lost == 0 or (lost is None and not messages):
+            # Nothing lost, or nothing known to be: the slot never decoded a WAL message.
+            level, says = logging.INFO, f"no outbox WAL message {between}: none lost ({note})"
+            if lost is None:
+                level, says = (
+                    logging.WARNING,
+                    f"the outbox WAL messages {between}, if any, are lost ({note}; the slot "
+                    "never decoded one, so none is assumed)",
+                )
+            log.log(level, "slot %s: %s; %s", name, cause, says)
             return
         gap = await failover.record_gap(self.relay.engine, name, cause, old, starts, lost, note)
         await self._show_gaps()

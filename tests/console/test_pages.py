@@ -25,6 +25,7 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from tests.ops.test_slot_gaps import write_gaps
 from tests.support import workflow_ops as w
 from tests.support.console import (
     OPERATOR_TOKEN,
@@ -36,6 +37,8 @@ from tests.support.console import (
     signed_in,
 )
 from tests.support.consumers import dead_letters_of_two_causes
+from tests.support.ops import cli_process
+from tests.support.waits import scaled
 
 
 @pytest.fixture
@@ -276,3 +279,22 @@ def test_the_overview_shows_a_stalled_outbox_in_red(pg_url: str, kafka_bootstrap
         live,
         re.S,
     ), live
+
+
+def test_the_overview_shows_wal_message_gaps_in_red_until_acknowledged(
+    console_url: str, pg_url: str
+) -> None:
+    write_gaps(
+        pg_url, 1
+    )  # as the relay records one after a failover (tests/relay/test_failover.py)
+    with signed_in(console_url, VIEWER_TOKEN) as client:
+        live = client.get("/overview/live").text
+        assert '<section class="unreachable" id="wal-message-gaps">' in live
+        assert "WAL-message gap 1 from 0/3000000 to 0/3000800" in live
+        assert "60 outbox WAL message event(s) lost" in live
+        acknowledged = cli_process("outbox", "gaps", "--db-url", pg_url, "--ack-all")
+        assert acknowledged.code == 0
+        deadline = time.monotonic() + scaled(30)  # the overview's report is cached a while
+        while 'id="wal-message-gaps"' in client.get("/overview/live").text:
+            assert time.monotonic() < deadline, "the acknowledged gap still shown"
+            time.sleep(0.2)

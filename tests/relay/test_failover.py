@@ -14,15 +14,19 @@ copied to a standby before PostgreSQL 17).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.outbox import Outbox, new_event
-from outboxkit.outbox.db import make_engine
-from outboxkit.relay import Relay
+from outboxkit.outbox.db import make_async_engine, make_engine
+from outboxkit.relay import Relay, catch_up
+from outboxkit.relay.slot import Slot, default_slot_name
 from outboxkit.testing.postgres_pair import FailoverPair, failover_pair
 from prometheus_client import REGISTRY
 from sqlalchemy import text
@@ -39,6 +43,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[FailoverPair]:
+    """A primary and a streaming standby of their own (root and pg_createcluster, as tls_pg)."""
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        pytest.skip("the failover pair needs root and pg_createcluster")
     with failover_pair() as made:
         yield made
 
@@ -59,6 +66,28 @@ def db_url(pair: FailoverPair) -> str:
     url = pair.url(name)
     upgrade(url)
     return url
+
+
+class Scene(NamedTuple):
+    """What each test here uses: the pair, a database on it, the broker, a topic, the log."""
+
+    pair: FailoverPair
+    db_url: str
+    bootstrap: str
+    topic: str
+    caplog: pytest.LogCaptureFixture
+
+
+@pytest.fixture
+def scene(
+    pair: FailoverPair,
+    db_url: str,
+    kafka_bootstrap: str,
+    topic: str,
+    caplog: pytest.LogCaptureFixture,
+) -> Scene:
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    return Scene(pair, db_url, kafka_bootstrap, topic, caplog)
 
 
 def write_messages(url: str, topic: str, start: int, count: int) -> None:
@@ -92,13 +121,9 @@ def gap_lines(text_: str) -> list[str]:
 
 
 async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_running(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     relay = relay_for(db_url, kafka_bootstrap)
     async with relay:
         write_sequence(db_url, topic, 0, 150, per_tx=10)
@@ -115,13 +140,9 @@ async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_running(
 
 
 async def test_rows_committed_around_a_promotion_all_reach_kafka_relay_restarted(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     async with relay_for(db_url, kafka_bootstrap):
         write_sequence(db_url, topic, 0, 150, per_tx=10)
         await wait_for(lambda: pending_rows(db_url), lambda n: n == 0, 60, "first rows sent")
@@ -172,13 +193,9 @@ async def assert_acknowledged(relay: Relay, url: str, bootstrap: str, gap: int) 
 
 
 async def test_wal_messages_lost_in_a_promotion_are_reported_relay_running(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     relay = relay_for(db_url, kafka_bootstrap)
     async with relay:
         await streaming(relay)
@@ -196,13 +213,9 @@ async def test_wal_messages_lost_in_a_promotion_are_reported_relay_running(
 
 
 async def test_wal_messages_lost_in_a_promotion_are_reported_relay_restarted(
-    pair: FailoverPair,
-    db_url: str,
-    kafka_bootstrap: str,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
+    scene: Scene,
 ) -> None:
-    caplog.set_level(logging.INFO, "outboxkit.relay")
+    pair, db_url, kafka_bootstrap, topic, caplog = scene
     async with relay_for(db_url, kafka_bootstrap) as first:
         await streaming(first)
         write_messages(db_url, topic, 0, 100)
@@ -217,3 +230,29 @@ async def test_wal_messages_lost_in_a_promotion_are_reported_relay_restarted(
         write_messages(db_url, topic, 180, 20)
         assert await on_kafka(kafka_bootstrap, topic, 120) == set(range(100)) | set(range(180, 200))
         await assert_acknowledged(relay, db_url, kafka_bootstrap, gap)
+
+
+async def test_a_slot_recreated_by_a_relay_that_stopped_before_recording_the_gap(
+    pg_url: str, kafka_bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No failover here: the slot is dropped while no relay runs, and re-created as a relay
+    # does (catch-up intent, then the slot) by one that stops before it records the gap.
+    caplog.set_level(logging.INFO, "outboxkit.relay")
+    async with relay_for(pg_url, kafka_bootstrap) as first:
+        await streaming(first)
+        write_messages(pg_url, topic, 0, 20)
+        assert await on_kafka(kafka_bootstrap, topic, 20) == set(range(20))
+    write_messages(pg_url, topic, 20, 30)  # after the slot's position: lost with it
+    engine = make_async_engine(pg_url)
+    slot = Slot(engine, default_slot_name(pg_url.rsplit("/", 1)[1]))
+    assert await slot.drop()
+    await catch_up.intend(engine, slot.name, await catch_up.highest_id(engine))
+    await slot.create()
+    await engine.dispose()
+    relay = relay_for(pg_url, kafka_bootstrap)
+    async with relay:
+        await wait_for(lambda: gap_lines(caplog.text), bool, 60, "the gap reported")
+        assert "re-created by a relay that stopped before recording it)): 30 outbox" in (
+            caplog.text
+        )
+        assert not relay.readiness.ready()[0]
