@@ -158,7 +158,9 @@ class PatroniCluster:
 
     def primary(self) -> PatroniNode:
         """The node that leads now (waits, up to the role deadline, while there is none)."""
-        return _wait_for(self._leader, lambda node: node is not None, ROLE_TIMEOUT_S, "a primary")
+        leader = _wait_for(self._leader, lambda node: node is not None, ROLE_TIMEOUT_S, "a primary")
+        assert leader is not None
+        return leader
 
     def replica(self) -> PatroniNode:
         """The node that does not lead now."""

@@ -16,7 +16,7 @@ from outboxkit.testing.postgres import TlsCluster, throwaway_database, tls_clust
 
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
-INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg"})
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg", "ha_cluster"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,6 +9,7 @@ a loop.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -32,8 +33,10 @@ from tests.support.kafka import read_topic, wait_for
 MAX_REPEATS = 20  # a cause logged more often than this over two faults is a loop
 
 
-def published(url: str) -> int:
-    """How many rows are published (0 while the primary moves)."""
+def published(url: str, relay: subprocess.Popen[bytes], log: Path) -> int:
+    """How many rows are published (0 while the primary moves); fails at once if the relay
+    exited."""
+    assert relay.poll() is None, f"the relay exited: {log.read_text()[-2000:]}"
     return unless_switching(lambda: len(published_times(url)), 0)
 
 
@@ -47,7 +50,7 @@ async def run_through_faults(
     faults: list[Fault] = []
     try:
         writer.start()
-        await wait_for(lambda: published(check_url), lambda n: n >= 50, 60, "first 50")
+        await wait_for(lambda: published(check_url, relay, log), lambda n: n >= 50, 60, "first 50")
         for kind in ("switchover", "failover"):
             fault = Fault(kind, time.time())
             await asyncio.to_thread(getattr(cluster, kind))
@@ -55,7 +58,7 @@ async def run_through_faults(
             faults.append(fault)
             done = len(writer.acknowledged)
             await wait_for(
-                lambda: published(check_url),
+                lambda: published(check_url, relay, log),
                 lambda n, want=done + 50: n >= want,
                 90,
                 f"publishing after the {kind}",
