@@ -33,7 +33,7 @@ from outboxkit.testing.patroni import patroni_cluster
 from outboxkit.testing.processes import start_cli, terminate
 
 from tests.consumers.test_crash import consume_args
-from tests.ha.flow import Fault, SteadyWriter, outage, outbox_rows, problem_lines, unless_switching
+from tests.ha.flow import Fault, SteadyWriter, outages, outbox_rows, problem_lines, unless_switching
 from tests.relay.test_processes import relay_args
 from tests.support.consumer_apps import WIDGET_TYPE
 from tests.support.consumers import create_effects_table, effect_rows
@@ -108,7 +108,7 @@ async def run(faults: int, pause_s: float, workdir: Path) -> dict[str, object]:
         "unpublished_left": unpublished,
         "switchovers": faults,
         "failovers": faults,
-        "write_outage_s": [round(outage(writer.commits, f), 2) for f in done],
+        "write_outage_s": outages(writer.commits, done),
         "fault_seconds": [round(f.settled - f.began, 2) for f in done],
         "writer_errors": [
             f"+{b - nearest(done, b):.1f}s took {d:.1f}s: {m}" for b, d, m in writer.errors

@@ -145,16 +145,29 @@ def published_times(url: str) -> list[float]:
     return [ms / 1000 for ms in found]
 
 
-def outage(times: Iterable[float], fault: Fault) -> float:
+def outage(times: Iterable[float], fault: Fault, until: float | None = None) -> float:
     """Seconds from the start of ``fault`` to the first success (a commit, a publish...) after
-    the longest silence in the fault's window: the outage a client saw."""
-    inside = sorted(t for t in times if fault.began <= t <= fault.settled + 30)
+    the longest silence between the fault's start and ``until`` (default: 30 s after it
+    settled; pass the next fault's start): the outage a client saw."""
+    end = fault.settled + 30 if until is None else until
+    inside = sorted(t for t in times if fault.began <= t <= end)
     if not inside:
         return float("inf")
     points = [fault.began, *inside]
     gaps = [(b - a, b) for a, b in pairwise(points)]
     _, first_after = max(gaps)
     return first_after - fault.began
+
+
+def outages(times: Iterable[float], faults: list[Fault]) -> dict[str, float]:
+    """:func:`outage` of each fault (each window ends where the next fault begins), by
+    ``KIND_N``, in seconds rounded to 0.01."""
+    seen = sorted(times)
+    ends = [f.began for f in faults[1:]] + [faults[-1].settled + 30] if faults else []
+    return {
+        f"{fault.kind}_{index + 1}": round(outage(seen, fault, end), 2)
+        for index, (fault, end) in enumerate(zip(faults, ends, strict=True))
+    }
 
 
 @dataclass
