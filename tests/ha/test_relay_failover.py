@@ -73,8 +73,8 @@ async def run_through_faults(
             "all published",
         )
     finally:
-        writer.stop()
         code = terminate(relay)
+        writer.stop()
     assert code == 0, log.read_text()[-3000:]
     assert set(writer.acknowledged) <= set(seqs), "a commit the writer saw is gone"
     delivery = check_delivery(await read_topic(bootstrap, topic, expected=len(seqs)), seqs)
