@@ -181,7 +181,7 @@ class PatroniCluster:
         with urllib.request.urlopen(request, timeout=30) as response:
             if response.status != 200:
                 raise PatroniError(f"switchover refused: {response.read().decode()[:300]}")
-        self._settle(new, old, "switchover")
+        self._settle(new, old, "switchover", began)
         self.timings.setdefault("switchover", []).append(time.monotonic() - began)
         return new
 
@@ -192,7 +192,7 @@ class PatroniCluster:
         began = time.monotonic()
         new = self.replica()
         old = self.crash_primary()
-        self._settle(new, old, "failover")
+        self._settle(new, old, "failover", began)
         self.timings.setdefault("failover", []).append(time.monotonic() - began)
         return new
 
@@ -244,16 +244,10 @@ class PatroniCluster:
         leaders = [node for node in self.nodes if node.answers("primary")]
         return leaders[0] if len(leaders) == 1 else None
 
-    def _settle(
-        self,
-        leader: PatroniNode,
-        follower: PatroniNode,
-        step: str,
-        timeout_s: float = ROLE_TIMEOUT_S,
-    ) -> None:
-        """Wait until ``leader`` takes writes through HAProxy (recorded as ``STEP_writable``),
-        then until ``follower`` is its synchronous standby."""
-        began = time.monotonic()
+    def _settle(self, leader: PatroniNode, follower: PatroniNode, step: str, began: float) -> None:
+        """Wait until ``leader`` takes writes through HAProxy (recorded as ``STEP_writable``,
+        seconds since ``began``), then until ``follower`` is its synchronous standby."""
+        timeout_s = ROLE_TIMEOUT_S
 
         def writable() -> bool:
             port = _server_port(self.haproxy_url("postgres"))
