@@ -83,6 +83,8 @@ async def run_through_faults(
     assert delivery.order_broken == []
     causes = problem_lines(log)
     assert max(causes.values(), default=0) <= MAX_REPEATS, causes
+    text = log.read_text()
+    assert text.count("LISTEN connection lost") == text.count("LISTEN restored")
     times = published_times(check_url)
     return {
         "events": len(seqs),
