@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,7 +40,10 @@ from outboxkit.outbox.driver import driver_session
 from outboxkit.outbox.errors import PermanentError, TransientError
 from outboxkit.outbox.retry import RetryPolicy
 from outboxkit.outbox.secrecy import describe_error
+from outboxkit.outbox.unreachable import retry_while_unreachable
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+log = logging.getLogger("outboxkit.actions")
 
 DEFAULT_RETRY = RetryPolicy(
     max_attempts=3, backoff=Backoff(base_s=0.2, cap_s=5.0), max_elapsed_s=300.0
@@ -300,19 +304,26 @@ class _Attempt:
             result, external_ref = value.value, value.external_ref
         else:
             result, external_ref = value, None
-        done = await _alone(
-            self.sessions,
-            lambda s: self.store.complete_running(
-                s, lease, result=result, external_ref=external_ref
-            ),
-        )
-        if done is not None:
-            return ActionOutcome(done, executed=True)
-        op = await self._settle(
-            lease,
-            lambda s: self.store.complete(
-                s, lease, result=result, external_ref=external_ref, require_live_lease=True
-            ),
+
+        async def record() -> OperationRecord:
+            done = await _alone(
+                self.sessions,
+                lambda s: self.store.complete_running(
+                    s, lease, result=result, external_ref=external_ref
+                ),
+            )
+            if done is not None:
+                return done
+            return await self._settle(
+                lease,
+                lambda s: self.store.complete(
+                    s, lease, result=result, external_ref=external_ref, require_live_lease=True
+                ),
+            )
+
+        # The success exists only here now: a failover must not turn it into UNKNOWN.
+        op = await retry_while_unreachable(
+            record, for_s=self.lease_s or self.store.lease_s, what="an action's success", log=log
         )
         return ActionOutcome(op, executed=True)
 

@@ -492,6 +492,9 @@ class Applier:
                 return [self._permanent_letter(record, failure)]
         attempts, error = 1, failure.error
         first_ms = last_ms = failure.at_ms
+        # The time budget runs from here: a failure recorded while the records before this one
+        # were still being retried (a database failing over) must not have spent it already.
+        retrying_since = max(failure.at_monotonic, time.monotonic())
         where = f"{record.topic}[{record.partition}]@{record.offset}"
         log.warning(
             "partition %s[%d] blocked at offset %d by %s; retrying",
@@ -501,7 +504,7 @@ class Applier:
             error_class(classify(error).value, error),
         )
         while True:
-            delay = self.app.retry.next_delay(attempts, time.monotonic() - failure.at_monotonic)
+            delay = self.app.retry.next_delay(attempts, time.monotonic() - retrying_since)
             if delay is None:
                 log.warning("gave up on %s after %d attempts", where, attempts)
                 return [self._letter(record, "exhausted", error, attempts, first_ms, last_ms)]

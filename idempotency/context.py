@@ -29,6 +29,7 @@ from outboxkit.idempotency.responses import (
 from outboxkit.idempotency.scopes import RequestInfo
 from outboxkit.idempotency.store import ClaimKind, Lease
 from outboxkit.outbox.secrecy import describe_error
+from outboxkit.outbox.unreachable import database_unreachable, retry_while_unreachable
 from sqlalchemy.ext.asyncio import AsyncSession
 
 if TYPE_CHECKING:
@@ -175,14 +176,14 @@ class IdempotencyContext:
                 return Answer(status, headers, body)
             if not session.in_transaction():
                 log.error("the handler ended the idempotency transaction itself; not atomic")
-            completed = await middleware.store.complete(session, lease, status, headers, body)
-            if not completed:
-                await session.rollback()
-                middleware.count(Outcome.LEASE_LOST)
-                return lease_lost(middleware.retry_after_s)
             try:
+                completed = await middleware.store.complete(session, lease, status, headers, body)
+                if not completed:
+                    await session.rollback()
+                    middleware.count(Outcome.LEASE_LOST)
+                    return lease_lost(middleware.retry_after_s)
                 await session.commit()
-            except BaseException:
+            except BaseException:  # the work is rolled back: let the retry execute
                 await self._release()
                 raise
             middleware.count(Outcome.EXECUTED)
@@ -205,10 +206,26 @@ class IdempotencyContext:
 
     async def _release(self) -> None:
         if self._session is not None:
-            await self._session.rollback()
-        assert self.lease is not None
-        async with self._middleware.sessions() as own, own.begin():
-            await self._middleware.store.release(own, self.lease)
+            try:
+                await self._session.rollback()
+            except Exception as error:  # a lost connection rolled the work back already
+                if not database_unreachable(error):
+                    raise
+        lease = self.lease
+        assert lease is not None
+
+        async def release() -> None:
+            async with self._middleware.sessions() as own, own.begin():
+                await self._middleware.store.release(own, lease)
+
+        # The database failing over is why the handler's work was lost, often: retry a while
+        # (a third of the lease), else the key answers 409 to every retry until the lease ends.
+        await retry_while_unreachable(
+            release,
+            for_s=self._middleware.store.lease_ms / 3000,
+            what="the release of an idempotency claim",
+            log=log,
+        )
 
     async def _close(self) -> None:
         if self._session is not None:

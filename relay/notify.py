@@ -37,15 +37,17 @@ class CommitListener:
 
     async def _run(self) -> None:
         attempt = 0
+        was_lost = False  # a lost connection is said to be back even if it reconnects at once
         while True:
             try:
                 async with listening(self._db_url, CHANNEL, lambda _: self._wake.set()) as lost:
-                    if attempt:
+                    if attempt or was_lost:
                         log.info("LISTEN restored")
-                    attempt = 0
+                    attempt, was_lost = 0, False
                     self._wake.set()  # catch up on anything committed while we were away
                     await lost.wait()
                     log.warning("LISTEN connection lost, polling meanwhile")
+                    was_lost = True
             except LISTEN_ERRORS as error:
                 attempt += 1
                 if attempt == 1:

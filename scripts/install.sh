@@ -28,6 +28,13 @@ if [ "$EXTRAS" != base ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /us
   echo "installing pgbouncer (apt)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
 fi
+# PostgreSQL high availability (outboxkit.testing.patroni, tests/ha): Debian's Patroni (run by
+# Debian's python3, with python3-etcd and python3-psycopg2), etcd and HAProxy.
+if [ "$EXTRAS" != base ] && { ! command -v patroni >/dev/null 2>&1 \
+  || ! command -v etcd >/dev/null 2>&1 || ! command -v haproxy >/dev/null 2>&1; }; then
+  echo "installing patroni, etcd-server and haproxy (apt)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patroni etcd-server haproxy >/dev/null
+fi
 if [ "$EXTRAS" = base ]; then
   TARGET="."
 else

@@ -5,6 +5,8 @@
   ``OUTBOXKIT_KAFKA_BOOTSTRAP`` or starts one; :func:`create_topic` makes a topic.
 - :func:`throwaway_database` creates a fresh, migrated PostgreSQL database on the server named by
   ``OUTBOXKIT_TEST_PG_URL`` and drops it afterwards (needs the ``outboxkit[testing]`` extra).
+- :func:`outboxkit.testing.patroni.patroni_cluster` runs PostgreSQL with failover (Patroni,
+  etcd and HAProxy from Debian's packages), with switchover and failover helpers.
 - :func:`start_cli`, :func:`terminate` and :func:`kill` run ``outboxkit`` commands as child
   processes, to stop them as an operator or a crash would.
 """

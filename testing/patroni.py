@@ -158,7 +158,9 @@ class PatroniCluster:
 
     def primary(self) -> PatroniNode:
         """The node that leads now (waits, up to the role deadline, while there is none)."""
-        return _wait_for(self._leader, lambda node: node is not None, ROLE_TIMEOUT_S, "a primary")
+        leader = _wait_for(self._leader, lambda node: node is not None, ROLE_TIMEOUT_S, "a primary")
+        assert leader is not None
+        return leader
 
     def replica(self) -> PatroniNode:
         """The node that does not lead now."""
@@ -179,30 +181,48 @@ class PatroniCluster:
         with urllib.request.urlopen(request, timeout=30) as response:
             if response.status != 200:
                 raise PatroniError(f"switchover refused: {response.read().decode()[:300]}")
-        self._settle(new, old, "switchover")
+        self._settle(new, old, "switchover", began)
         self.timings.setdefault("switchover", []).append(time.monotonic() - began)
         return new
 
     def failover(self) -> PatroniNode:
-        """Crash the primary (kill -9 of its postmaster): Patroni promotes the replica and
+        """Crash the primary (:meth:`crash_primary`): Patroni promotes the replica and
         rewinds the old primary into a replica. Returns the new primary once it takes writes
         through HAProxy and the old one streams from it synchronously."""
         began = time.monotonic()
-        old, new = self.primary(), self.replica()
+        new = self.replica()
+        old = self.crash_primary()
+        self._settle(new, old, "failover", began)
+        self.timings.setdefault("failover", []).append(time.monotonic() - began)
+        return new
+
+    def crash_primary(self) -> PatroniNode:
+        """kill -9 the primary's postmaster and return at once (the node that led); the
+        cluster fails over by itself, :meth:`wait_healthy` waits for it to settle."""
+        old = self.primary()
         pid = old.postmaster_pid()
         if pid is None:
             raise PatroniError(f"{old.name} has no running postmaster to kill")
         os.kill(pid, signal.SIGKILL)
-        self._settle(new, old, "failover")
-        self.timings.setdefault("failover", []).append(time.monotonic() - began)
-        return new
+        return old
 
     def wait_healthy(self, timeout_s: float = ROLE_TIMEOUT_S) -> PatroniNode:
-        """Wait until one node leads, the other is its synchronous standby, and HAProxy routes
-        to the leader; return the leader."""
-        leader = self.primary()
-        other = next(node for node in self.nodes if node is not leader)
-        self._settle(leader, other, "health", timeout_s)
+        """Wait until one node leads and takes writes through HAProxy, and the other is its
+        synchronous standby; return the leader."""
+
+        def leader_if_healthy() -> PatroniNode | None:
+            leader = self._leader()
+            if leader is None:
+                return None
+            other = next(node for node in self.nodes if node is not leader)
+            routed = _server_port(self.haproxy_url("postgres")) == leader.pg_port
+            return leader if routed and other.answers("sync") else None
+
+        try:
+            leader = _wait_for(leader_if_healthy, lambda n: n is not None, timeout_s, "health")
+        except PatroniError as error:
+            raise PatroniError(f"{error}\n{self._log_tails()}") from None
+        assert leader is not None
         return leader
 
     def close(self) -> None:
@@ -224,16 +244,10 @@ class PatroniCluster:
         leaders = [node for node in self.nodes if node.answers("primary")]
         return leaders[0] if len(leaders) == 1 else None
 
-    def _settle(
-        self,
-        leader: PatroniNode,
-        follower: PatroniNode,
-        step: str,
-        timeout_s: float = ROLE_TIMEOUT_S,
-    ) -> None:
-        """Wait until ``leader`` takes writes through HAProxy (recorded as ``STEP_writable``),
-        then until ``follower`` is its synchronous standby."""
-        began = time.monotonic()
+    def _settle(self, leader: PatroniNode, follower: PatroniNode, step: str, began: float) -> None:
+        """Wait until ``leader`` takes writes through HAProxy (recorded as ``STEP_writable``,
+        seconds since ``began``), then until ``follower`` is its synchronous standby."""
+        timeout_s = ROLE_TIMEOUT_S
 
         def writable() -> bool:
             port = _server_port(self.haproxy_url("postgres"))

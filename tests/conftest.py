@@ -20,7 +20,7 @@ from tests.support.kafka import broker_of_its_own
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
 INTEGRATION_FIXTURES = frozenset(
-    {"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg", "pgbouncer", "pgbouncer_url"}
+    {"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg", "pgbouncer", "pgbouncer_url", "ha_cluster"}
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 
@@ -330,3 +331,41 @@ async def test_stop_abandons_a_record_waiting_to_be_retried(
     assert time.monotonic() - begun < 10  # the stop cut the backoff short
     assert runtime.stats.applied == 0 and effect_rows(pg_url) == []
     assert await committed_offsets(kafka_bootstrap, runtime.group) == {}
+
+
+async def test_a_record_waiting_behind_a_slow_retry_gets_its_own_retry_budget(
+    pg_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    """Widget 2 fails once; the records before it go again without it, and widget 1 then
+    takes longer than the whole retry budget (a database failing over): widget 2's budget
+    starts when its retry does, so it is retried and applied, not dead-lettered unretried."""
+    create_effects_table(pg_url)
+    await create_topic(kafka_bootstrap, topic)
+    budget = RetryPolicy(max_attempts=5, backoff=Backoff(base_s=0.01, cap_s=0.05), max_elapsed_s=1)
+    app = ConsumerApp(name="billing", retry=budget, retention_interval_s=None)
+    calls: Counter[int] = Counter()
+
+    @app.handler(WIDGET_TYPE, topic=topic)
+    async def record(widget: Widget, event: CloudEvent, session: AsyncSession) -> None:
+        calls[widget.n] += 1
+        await session.execute(
+            insert(consumer_effects).values(
+                consumer="billing", source="/w", event_id=event.get_id(), n=widget.n, pid=0
+            )
+        )
+        if widget.n == 2 and calls[2] == 1:
+            raise TransientError("stock service busy")
+        if widget.n == 1 and calls[1] == 2:  # its run again without widget 2: a slow outage
+            await asyncio.sleep(1.5)
+            raise TransientError("database failing over")
+
+    await produce(kafka_bootstrap, topic, [binary_record(widget(n)) for n in (1, 2, 3)])
+    async with running(app, pg_url, kafka_bootstrap) as (runtime, task):
+        await wait_for(
+            lambda: alive(task) or runtime.stats.applied + runtime.stats.dead_lettered,
+            lambda n: n >= 3,
+            60,
+            "3 records done",
+        )
+    assert runtime.stats.dead_lettered == 0
+    assert [row.n for row in effect_rows(pg_url)] == [1, 2, 3]

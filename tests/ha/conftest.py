@@ -23,7 +23,9 @@ def ha_cluster() -> Iterator[PatroniCluster]:
 
 @pytest.fixture
 def ha_db(ha_cluster: PatroniCluster) -> str:
-    """A fresh, migrated database on the cluster; its URL through HAProxy."""
+    """A fresh, migrated database on the cluster (healthy again after the last test's
+    faults); its URL through HAProxy."""
+    ha_cluster.wait_healthy()
     name = f"ha_{uuid.uuid4().hex[:10]}"
     url = ha_cluster.create_database(name)
     upgrade(url)

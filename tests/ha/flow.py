@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from aiokafka import ConsumerRecord
+from cloudevents.core.v1.event import CloudEvent
 from outboxkit.outbox import Outbox, new_event
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.tables import outbox_events
@@ -43,14 +44,24 @@ class SteadyWriter(threading.Thread):
     ``acknowledged`` holds the seqs whose commit returned; ``commits`` (wall clock) when.
     """
 
-    def __init__(self, url: str, topic: str, per_tx: int = 5) -> None:
+    def __init__(
+        self,
+        url: str,
+        topic: str,
+        per_tx: int = 5,
+        make_event: Callable[[int], CloudEvent] | None = None,
+        pause_s: float = PAUSE_S,
+    ) -> None:
         super().__init__(daemon=True, name="steady-writer")
         self.url = url
         self.topic = topic
         self.per_tx = per_tx
+        self.make_event = make_event or sequence_event
+        self.pause_s = pause_s
         self.acknowledged: list[int] = []
         self.commits: list[float] = []
         self.errors: list[tuple[float, float, str]] = []  # began, seconds it took, message
+        self.slow: list[tuple[float, float]] = []  # commits that took over a second: began, s
         self._next = 0
         self._halt = threading.Event()
 
@@ -65,14 +76,16 @@ class SteadyWriter(threading.Thread):
                 try:
                     with Session(engine) as session, session.begin():
                         for seq in seqs:
-                            outbox.add(session, sequence_event(seq))
+                            outbox.add(session, self.make_event(seq))
                 except DBAPIError as error:
                     self.errors.append((began, time.time() - began, first_line(error)))
                     self._halt.wait(0.1)
                     continue
                 self.acknowledged.extend(seqs)
                 self.commits.append(time.time())
-                self._halt.wait(PAUSE_S)
+                if self.commits[-1] - began > 1:
+                    self.slow.append((began, self.commits[-1] - began))
+                self._halt.wait(self.pause_s)
         finally:
             engine.dispose()
 
@@ -82,7 +95,7 @@ class SteadyWriter(threading.Thread):
         self.join(30)
 
 
-def sequence_event(seq: int) -> object:
+def sequence_event(seq: int) -> CloudEvent:
     """Event number ``seq``, keyed round-robin over :data:`KEYS` keys."""
     return new_event("seq", "/ha", {"seq": seq}, partitionkey=f"key-{seq % KEYS}")
 
@@ -100,8 +113,9 @@ def unless_switching(probe: Callable[[], T], meanwhile: T) -> T:
         return meanwhile
 
 
-def outbox_rows(url: str) -> tuple[list[int], int]:
-    """The seqs of every outbox row, and how many rows are still unpublished."""
+def outbox_rows(url: str, field: str = "seq") -> tuple[list[int], int]:
+    """The seqs (the payload's ``field``) of every outbox row, and how many rows are still
+    unpublished."""
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -113,7 +127,7 @@ def outbox_rows(url: str) -> tuple[list[int], int]:
             )
     finally:
         engine.dispose()
-    return [json.loads(payload)["seq"] for payload in payloads], int(unpublished or 0)
+    return [json.loads(payload)[field] for payload in payloads], int(unpublished or 0)
 
 
 def published_times(url: str) -> list[float]:
@@ -131,16 +145,29 @@ def published_times(url: str) -> list[float]:
     return [ms / 1000 for ms in found]
 
 
-def outage(times: Iterable[float], fault: Fault) -> float:
+def outage(times: Iterable[float], fault: Fault, until: float | None = None) -> float:
     """Seconds from the start of ``fault`` to the first success (a commit, a publish...) after
-    the longest silence in the fault's window: the outage a client saw."""
-    inside = sorted(t for t in times if fault.began <= t <= fault.settled + 30)
+    the longest silence between the fault's start and ``until`` (default: 30 s after it
+    settled; pass the next fault's start): the outage a client saw."""
+    end = fault.settled + 30 if until is None else until
+    inside = sorted(t for t in times if fault.began <= t <= end)
     if not inside:
         return float("inf")
     points = [fault.began, *inside]
     gaps = [(b - a, b) for a, b in pairwise(points)]
     _, first_after = max(gaps)
     return first_after - fault.began
+
+
+def outages(times: Iterable[float], faults: list[Fault]) -> dict[str, float]:
+    """:func:`outage` of each fault (each window ends where the next fault begins), by
+    ``KIND_N``, in seconds rounded to 0.01."""
+    seen = sorted(times)
+    ends = [f.began for f in faults[1:]] + [faults[-1].settled + 30] if faults else []
+    return {
+        f"{fault.kind}_{index + 1}": round(outage(seen, fault, end), 2)
+        for index, (fault, end) in enumerate(zip(faults, ends, strict=True))
+    }
 
 
 @dataclass

@@ -9,11 +9,13 @@ RUNNING (in progress) for a lease to free.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 from outboxkit.actions import ActionStore, State, run_action
 from outboxkit.actions.tables import agent_operations
 from outboxkit.idempotency.tables import IN_PROGRESS, http_idempotency_keys
@@ -25,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from tests.ha.flow import Fault, first_line, outage
 from tests.idempotency.test_http import count, headers, service
 from tests.support.actions import sessions_for
-from tests.support.idempotent_app import count_payments
+from tests.support.idempotent_app import Controls, count_payments
 
 TENANT = "acme"
 CALL_PAUSE_S = 0.05
@@ -60,6 +62,16 @@ class Calls:
 
 class RetryableStatusError(Exception):
     """A 5xx or 409 (in progress) answer: the client tries the same key again."""
+
+
+def said(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    """What ``logger`` said, one entry a line: level and the message up to its details."""
+    return [
+        f"{record.levelname} {record.getMessage().split(':')[0].split(' after ')[0]}"
+        + (" after" if " after " in record.getMessage() else "")
+        for record in caplog.records
+        if record.name == logger and record.levelno >= logging.INFO
+    ]
 
 
 def states(url: str, table: Any, column: Any) -> Counter[str]:
@@ -147,3 +159,67 @@ async def test_http_idempotency_through_haproxy_survives_a_failover(
         f"in progress; outage {outage(calls.answered, fault):.2f} s; retried on "
         f"{dict(calls.errors)}"
     )
+
+
+async def test_a_tool_call_whose_effect_lands_as_the_primary_crashes_is_recorded_succeeded(
+    ha_cluster: PatroniCluster, ha_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The side effect is done, then the primary dies before the ledger records it: the
+    result, still in the worker's hands, must be recorded once the new primary takes writes
+    (within the lease), not left RUNNING to become UNKNOWN."""
+    caplog.set_level(logging.INFO, logger="outboxkit.actions")
+    executed: Counter[str] = Counter()
+    async with sessions_for(ha_db) as sessions:
+
+        async def refund(op_key: str) -> dict[str, str]:
+            executed[op_key] += 1
+            ha_cluster.crash_primary()
+            return {"refund": op_key}
+
+        began = time.monotonic()
+        outcome = await run_action(
+            sessions, ActionStore(), refund, tenant=TENANT, key="crash", action_type="refund",
+            params={}, timeout_s=10,
+        )  # fmt: skip
+        recorded_s = time.monotonic() - began
+    await asyncio.to_thread(ha_cluster.wait_healthy)
+    assert outcome.operation.state is State.SUCCEEDED and outcome.executed
+    assert sum(executed.values()) == 1
+    by_state = states(ha_db, agent_operations, agent_operations.c.state)
+    assert by_state == Counter({"SUCCEEDED": 1}), by_state
+    assert said(caplog, "outboxkit.actions") == [
+        "WARNING database unreachable while writing an action's success",
+        "INFO wrote an action's success after",
+    ]
+    print(f"\nledger: the outcome of a call cut by a crash recorded after {recorded_s:.1f} s")
+
+
+async def test_a_request_cut_by_a_primary_crash_releases_its_key_for_the_retry(
+    ha_cluster: PatroniCluster, ha_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler has written, then the primary dies before the commit: its work is lost with
+    the transaction, so the key must be released once the new primary takes writes, and the
+    client's retry executes (not 409 "in progress" until the 30 s lease ends)."""
+    caplog.set_level(logging.INFO, logger="outboxkit.idempotency")
+    controls = Controls(gate=asyncio.Event())
+    async with service(ha_db, controls=controls) as client:
+        first = asyncio.create_task(
+            client.post("/payments", json={"amount_cents": 100}, headers=headers("cut"))
+        )
+        await asyncio.wait_for(controls.reached.wait(), 60)
+        began = time.monotonic()
+        ha_cluster.crash_primary()
+        controls.gate.set()
+        cut = await first
+        answered_s = time.monotonic() - began
+        await asyncio.to_thread(ha_cluster.wait_healthy)
+        retried = await client.post("/payments", json={"amount_cents": 100}, headers=headers("cut"))
+    assert cut.status_code == 500
+    assert retried.status_code == 201, retried.text
+    assert count_payments(ha_db) == 1
+    assert states(ha_db, http_idempotency_keys, http_idempotency_keys.c.state)[IN_PROGRESS] == 0
+    assert said(caplog, "outboxkit.idempotency") == [
+        "WARNING database unreachable while writing the release of an idempotency claim",
+        "INFO wrote the release of an idempotency claim after",
+    ]
+    print(f"\nHTTP: the request cut by a crash answered 500 after {answered_s:.1f} s, key released")

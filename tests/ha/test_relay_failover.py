@@ -9,6 +9,7 @@ a loop.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tests.ha.flow import (
     Fault,
     SteadyWriter,
     check_delivery,
-    outage,
+    outages,
     outbox_rows,
     problem_lines,
     published_times,
@@ -32,8 +33,10 @@ from tests.support.kafka import read_topic, wait_for
 MAX_REPEATS = 20  # a cause logged more often than this over two faults is a loop
 
 
-def published(url: str) -> int:
-    """How many rows are published (0 while the primary moves)."""
+def published(url: str, relay: subprocess.Popen[bytes], log: Path) -> int:
+    """How many rows are published (0 while the primary moves); fails at once if the relay
+    exited."""
+    assert relay.poll() is None, f"the relay exited: {log.read_text()[-2000:]}"
     return unless_switching(lambda: len(published_times(url)), 0)
 
 
@@ -47,7 +50,7 @@ async def run_through_faults(
     faults: list[Fault] = []
     try:
         writer.start()
-        await wait_for(lambda: published(check_url), lambda n: n >= 50, 60, "first 50")
+        await wait_for(lambda: published(check_url, relay, log), lambda n: n >= 50, 60, "first 50")
         for kind in ("switchover", "failover"):
             fault = Fault(kind, time.time())
             await asyncio.to_thread(getattr(cluster, kind))
@@ -55,7 +58,7 @@ async def run_through_faults(
             faults.append(fault)
             done = len(writer.acknowledged)
             await wait_for(
-                lambda: published(check_url),
+                lambda: published(check_url, relay, log),
                 lambda n, want=done + 50: n >= want,
                 90,
                 f"publishing after the {kind}",
@@ -70,8 +73,8 @@ async def run_through_faults(
             "all published",
         )
     finally:
-        writer.stop()
         code = terminate(relay)
+        writer.stop()
     assert code == 0, log.read_text()[-3000:]
     assert set(writer.acknowledged) <= set(seqs), "a commit the writer saw is gone"
     delivery = check_delivery(await read_topic(bootstrap, topic, expected=len(seqs)), seqs)
@@ -80,13 +83,15 @@ async def run_through_faults(
     assert delivery.order_broken == []
     causes = problem_lines(log)
     assert max(causes.values(), default=0) <= MAX_REPEATS, causes
+    text = log.read_text()
+    assert text.count("LISTEN connection lost") == text.count("LISTEN restored")
     times = published_times(check_url)
     return {
         "events": len(seqs),
         "duplicates": delivery.duplicates,
         "writer_errors": len(writer.errors),
-        **{f"{f.kind}_write_outage_s": round(outage(writer.commits, f), 2) for f in faults},
-        **{f"{f.kind}_relay_outage_s": round(outage(times, f), 2) for f in faults},
+        "write_outage_s": outages(writer.commits, faults),
+        "relay_outage_s": outages(times, faults),
         "relay_log_causes": dict(causes),
     }
 

@@ -265,3 +265,6 @@ async def test_database_connections_cut_under_the_relay_loses_nothing(
         assert terminate(relay) == 0
     assert cuts == 3
     check_order(await read_topic(kafka_bootstrap, topic, expected=3000), 3000, True)
+    log = (tmp_path / "r.log").read_text()
+    # each loss of the LISTEN connection is followed by word that it is back
+    assert log.count("LISTEN connection lost") == log.count("LISTEN restored") > 0, log[-3000:]
