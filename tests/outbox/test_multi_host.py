@@ -1,0 +1,167 @@
+"""Several hosts in a database URL, against a real primary and a real streaming standby.
+
+Each of the three spellings users write (libpq's ``h1:p1,h2:p2``, SQLAlchemy's repeated
+``host=``, ``host=h1,h2&port=p1,p2``) lists the standby first with
+``target_session_attrs=read-write``: the engines (a poll relay publishing to Kafka), the LISTEN
+connection and the logical relay's replication connection must all reach the primary. A host
+that is down is passed over, and a host that never answers costs the connect timeout, not
+asyncpg's 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from outboxkit.migrations.runner import upgrade
+from outboxkit.outbox.db import make_async_engine
+from outboxkit.outbox.kafka_settings import KafkaSettings
+from outboxkit.outbox.notify import LISTEN_ERRORS, listening
+from outboxkit.relay import Relay, RelayOptions
+from outboxkit.relay.replication import SlotStream, StreamLost
+from outboxkit.testing.postgres import _free_port
+from outboxkit.testing.postgres_pair import PrimaryAndStandby, primary_and_standby, silent_server
+from sqlalchemy import text
+
+from tests.relay.test_processes import check_order, write_sequence
+from tests.support.kafka import read_topic, wait_for
+from tests.support.waits import scaled
+
+pytestmark = pytest.mark.integration
+FORMS = ("libpq", "repeated", "lists")
+OPTIONS = RelayOptions(lease_ttl_s=4.0, request_timeout_s=2.0, poll_interval_s=0.2, max_attempts=2)
+
+
+def url_of(form: str, database: str, first: int, second: int, extra: str = "") -> str:
+    """``database`` on 127.0.0.1 at ports ``first`` then ``second``, spelled as ``form``."""
+    auth = "postgres:postgres@"
+    attrs = "target_session_attrs=read-write" + extra
+    if form == "libpq":
+        return f"postgresql://{auth}127.0.0.1:{first},127.0.0.1:{second}/{database}?{attrs}"
+    if form == "repeated":
+        hosts = f"host=127.0.0.1:{first}&host=127.0.0.1:{second}"
+        return f"postgresql://{auth}/{database}?{hosts}&{attrs}"
+    return f"postgresql://{auth}/{database}?host=127.0.0.1,127.0.0.1&port={first},{second}&{attrs}"
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[PrimaryAndStandby]:
+    if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
+        pytest.skip("the primary and standby need root and pg_createcluster")
+    with primary_and_standby() as made:
+        yield made
+
+
+@pytest.fixture
+def database(pair: PrimaryAndStandby) -> str:
+    """A migrated database of the test's own on the primary, replayed on the standby."""
+    name = f"mh_{uuid.uuid4().hex[:10]}"
+    pair.create_database(name)
+    upgrade(f"postgresql://postgres:postgres@127.0.0.1:{pair.primary.port}/{name}")
+    pair.wait_replayed()
+    return name
+
+
+def relay(url: str, bootstrap: str, mode: str = "poll") -> Relay:
+    options = RelayOptions(**{**OPTIONS.__dict__, "mode": mode})  # type: ignore[arg-type]
+    return Relay(db_url=url, kafka=KafkaSettings(bootstrap=bootstrap), options=options)
+
+
+def stream_lost(stream: SlotStream) -> bool:
+    try:
+        stream.take(10)
+    except StreamLost:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("form", FORMS)
+async def test_every_form_reaches_the_primary_past_the_standby(
+    form: str, pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
+) -> None:
+    url = url_of(form, database, pair.standby.port, pair.primary.port)
+    # A sync engine (psycopg) writes: the standby would refuse the writes.
+    write_sequence(url, topic, 0, 30, per_tx=10)
+    assert await relay(url, kafka_bootstrap).drain(timeout_s=scaled(60)) == 30
+
+    # The logical relay: the first drain makes the slot (on the primary: the standby has
+    # none to give), the second streams over the replication connection.
+    assert await relay(url, kafka_bootstrap, "logical").drain(timeout_s=scaled(60)) == 0
+    write_sequence(url, topic, 30, 20, per_tx=5)
+    assert await relay(url, kafka_bootstrap, "logical").drain(timeout_s=scaled(60)) == 20
+    check_order(await read_topic(kafka_bootstrap, topic, expected=50), 50, allow_duplicates=False)
+
+    # LISTEN: the standby would refuse it (no LISTEN during recovery).
+    heard: list[str] = []
+    async with listening(url, "multi_host", heard.append) as lost:
+        engine = make_async_engine(url)
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT pg_notify('multi_host', 'hello')"))
+            await conn.commit()
+        await engine.dispose()
+        await wait_for(lambda: heard, lambda got: got == ["hello"], 30, "the notification")
+        assert not lost.is_set()
+
+
+async def test_a_first_host_that_is_down_is_passed_over(
+    pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
+) -> None:
+    url = url_of("libpq", database, _free_port(), pair.primary.port)
+    write_sequence(url, topic, 0, 10)
+    assert await relay(url, kafka_bootstrap).drain(timeout_s=scaled(60)) == 10
+    assert await relay(url, kafka_bootstrap, "logical").drain(timeout_s=scaled(60)) == 0
+    write_sequence(url, topic, 10, 10)
+    assert await relay(url, kafka_bootstrap, "logical").drain(timeout_s=scaled(60)) == 10
+    heard: list[str] = []
+    async with listening(url, "multi_host", heard.append):
+        pair.primary.psql("NOTIFY multi_host, 'up'", database)
+        await wait_for(lambda: heard, lambda got: got == ["up"], 30, "the notification")
+
+
+async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
+    pair: PrimaryAndStandby, database: str
+) -> None:
+    with silent_server() as silent:
+        hung = f"postgresql://postgres:postgres@127.0.0.1:{silent}/{database}"
+
+        # The default bound: 10 s, where asyncpg alone waits 60 s.
+        engine = make_async_engine(hung)
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            async with engine.connect():
+                pass
+        assert time.monotonic() - started < scaled(15)
+        await engine.dispose()
+
+        # The URL's connect_timeout, for engines, LISTEN and the replication connection.
+        bounded = f"{hung}?connect_timeout=2"
+        engine = make_async_engine(bounded)
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            async with engine.connect():
+                pass
+        await engine.dispose()
+        started_listen = time.monotonic()
+        assert started_listen - started < scaled(5)
+        with pytest.raises(LISTEN_ERRORS):
+            async with listening(bounded, "multi_host", lambda _payload: None):
+                pass
+        assert time.monotonic() - started_listen < scaled(5)
+        stream = SlotStream(bounded, "no_slot", "no_publication", lambda: None, {})
+        started = time.monotonic()
+        stream.start(asyncio.get_running_loop().call_soon_threadsafe)
+        await wait_for(lambda: stream_lost(stream), bool, 5, "the stream to fail")
+        await stream.close()
+        assert time.monotonic() - started < scaled(5)
+
+        # Hung first, primary second: each host gets its own timeout, so the primary is reached.
+        url = url_of("libpq", database, silent, pair.primary.port, "&connect_timeout=2")
+        engine = make_async_engine(url)
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT pg_is_in_recovery()")) is False
+        await engine.dispose()
