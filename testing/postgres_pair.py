@@ -86,9 +86,7 @@ class PrimaryAndStandby:
         target = self.primary.psql("SELECT pg_current_wal_lsn()")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            caught_up = self.standby.psql(
-                f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
-            )
+            caught_up = self.standby.psql(f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn")
             if caught_up == "t":
                 return
             time.sleep(0.1)
@@ -111,7 +109,8 @@ def primary_and_standby() -> Iterator[PrimaryAndStandby]:
     made: list[Cluster] = []
     try:
         for cluster in (primary, standby):
-            _run("pg_createcluster", version, cluster.name, "-p", str(cluster.port), "--", "--no-sync")
+            port = str(cluster.port)
+            _run("pg_createcluster", version, cluster.name, "-p", port, "--", "--no-sync")
             made.append(cluster)
             config = Path("/etc/postgresql") / version / cluster.name
             (config / "conf.d" / "pair.conf").write_text(SETTINGS)
