@@ -28,6 +28,10 @@ class RelayOptions:
     ``logical_reader``: ``"stream"`` (default) keeps one replication-protocol session open
     (psycopg2, in a thread); ``"sql"`` peeks with ``pg_logical_slot_peek_binary_changes`` on
     the relay's engine (a new decoding session per read: slower, no second driver).
+    ``statement_timeout_s`` bounds each statement on the engine the relay makes from its URL
+    (asyncpg's ``command_timeout``; an engine given to the relay is used as it is): a server
+    that stops answering (hung, or cut off without a reset) is an outage after that long,
+    retried with backoff on a new connection, never a relay stuck for ever.
     """
 
     batch_size: int = 500
@@ -51,6 +55,7 @@ class RelayOptions:
     mode: Literal["poll", "logical"] = "poll"
     slot_name: str | None = None
     logical_reader: Literal["stream", "sql"] = "stream"
+    statement_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("poll", "logical"):
@@ -69,6 +74,8 @@ class RelayOptions:
             raise ValueError("linger_s must not be negative")
         if self.lease_ttl_s < 2 * self.request_timeout_s:
             raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
+        if self.statement_timeout_s <= 0:
+            raise ValueError("statement_timeout_s must be positive")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
         if self.max_attempts < 1:
