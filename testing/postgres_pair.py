@@ -3,17 +3,14 @@
 :func:`primary_and_standby` makes two Debian clusters (``pg_createcluster``): the primary
 (``wal_level = logical``, so the logical relay runs on it) and a hot standby made from it with
 ``pg_basebackup -R``, which answers read-only: a URL with ``target_session_attrs=read-write``
-must pass it over. :func:`silent_server` is a port that accepts connections and never answers,
-like a host that hangs: only a connect timeout gets a client past it.
+must pass it over.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -137,35 +134,3 @@ def primary_and_standby() -> Iterator[PrimaryAndStandby]:
                 capture_output=True,
                 check=False,
             )
-
-
-@contextmanager
-def silent_server() -> Iterator[int]:
-    """A port on 127.0.0.1 that accepts TCP connections and never says a word; yields it."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stopping = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stopping.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            held.append(connection)  # kept open, never read
-
-    thread = threading.Thread(target=accept, name="outboxkit-silent-server", daemon=True)
-    thread.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        stopping.set()
-        thread.join()
-        listener.close()
-        for connection in held:
-            connection.close()

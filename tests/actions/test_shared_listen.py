@@ -24,23 +24,27 @@ WAITERS = 40
 NO_POLL = Backoff(base_s=60.0, cap_s=60.0, floor_s=60.0)
 
 
+def count(url: str, sql: str) -> int:
+    with psycopg.connect(make_url(url).render_as_string(hide_password=False)) as conn:
+        row = conn.execute(sql).fetchone()
+    return int(row[0]) if row else 0
+
+
 def server_connections(url: str) -> int:
     """Client connections to this test's database, not counting the one asking."""
-    with psycopg.connect(make_url(url).render_as_string(hide_password=False)) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return count(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    )
 
 
 def terminate_listeners(url: str) -> int:
-    with psycopg.connect(make_url(url).render_as_string(hide_password=False)) as conn:
-        row = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return count(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
 
 
 class HeldAction:

@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 
 import pytest
 from outboxkit.migrations.runner import upgrade
@@ -25,7 +25,7 @@ from outboxkit.outbox.notify import LISTEN_ERRORS, listening
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.relay.replication import SlotStream, StreamLost
 from outboxkit.testing.postgres import _free_port
-from outboxkit.testing.postgres_pair import PrimaryAndStandby, primary_and_standby, silent_server
+from outboxkit.testing.postgres_pair import PrimaryAndStandby, primary_and_standby
 from sqlalchemy import text
 
 from tests.relay.test_processes import check_order, write_sequence
@@ -123,45 +123,56 @@ async def test_a_first_host_that_is_down_is_passed_over(
         await wait_for(lambda: heard, lambda got: got == ["up"], 30, "the notification")
 
 
-async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
-    pair: PrimaryAndStandby, database: str
-) -> None:
-    with silent_server() as silent:
-        hung = f"postgresql://postgres:postgres@127.0.0.1:{silent}/{database}"
-
-        # The default bound: 10 s, where asyncpg alone waits 60 s.
-        engine = make_async_engine(hung)
-        started = time.monotonic()
-        with pytest.raises(OSError):
-            async with engine.connect():
-                pass
-        assert time.monotonic() - started < scaled(15)
+async def connect_once(url: str) -> None:
+    engine = make_async_engine(url)
+    try:
+        async with engine.connect():
+            pass
+    finally:
         await engine.dispose()
 
-        # The URL's connect_timeout, for engines, LISTEN and the replication connection.
-        bounded = f"{hung}?connect_timeout=2"
-        engine = make_async_engine(bounded)
-        started = time.monotonic()
-        with pytest.raises(OSError):
-            async with engine.connect():
-                pass
-        await engine.dispose()
-        started_listen = time.monotonic()
-        assert started_listen - started < scaled(5)
-        with pytest.raises(LISTEN_ERRORS):
-            async with listening(bounded, "multi_host", lambda _payload: None):
-                pass
-        assert time.monotonic() - started_listen < scaled(5)
-        stream = SlotStream(bounded, "no_slot", "no_publication", lambda: None, {})
-        started = time.monotonic()
-        stream.start(asyncio.get_running_loop().call_soon_threadsafe)
-        await wait_for(lambda: stream_lost(stream), bool, 5, "the stream to fail")
+
+async def listen_once(url: str) -> None:
+    async with listening(url, "multi_host", lambda _payload: None):
+        pass
+
+
+async def stream_once(url: str) -> None:
+    stream = SlotStream(url, "no_slot", "no_publication", lambda: None, {})
+    stream.start(asyncio.get_running_loop().call_soon_threadsafe)
+    try:
+        await wait_for(lambda: stream_lost(stream), bool, 15, "the stream to fail")
+    finally:
         await stream.close()
-        assert time.monotonic() - started < scaled(5)
+    raise StreamLost("as expected")
 
-        # Hung first, primary second: each host gets its own timeout, so the primary is reached.
-        url = url_of("libpq", database, silent, pair.primary.port, "&connect_timeout=2")
-        engine = make_async_engine(url)
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT pg_is_in_recovery()")) is False
-        await engine.dispose()
+
+async def seconds_to_fail(
+    attempt: Awaitable[None], errors: type[BaseException] | tuple[type[BaseException], ...]
+) -> float:
+    started = time.monotonic()
+    with pytest.raises(errors):
+        await attempt
+    return time.monotonic() - started
+
+
+async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
+    pair: PrimaryAndStandby, database: str, mute_server: str
+) -> None:
+    hung = f"postgresql://postgres:postgres@{mute_server}/{database}"
+    # The default bound: 10 s, where asyncpg alone waits 60 s.
+    assert await seconds_to_fail(connect_once(hung), OSError) < scaled(15)
+    # The URL's connect_timeout, for engines, LISTEN and the replication connection.
+    bounded = f"{hung}?connect_timeout=2"
+    assert await seconds_to_fail(connect_once(bounded), OSError) < scaled(5)
+    assert await seconds_to_fail(listen_once(bounded), LISTEN_ERRORS) < scaled(5)
+    assert await seconds_to_fail(stream_once(bounded), StreamLost) < scaled(5)
+
+    # Hung first, primary second: each host gets its own timeout, so the primary is reached.
+    port = int(mute_server.rsplit(":", 1)[1])
+    engine = make_async_engine(
+        url_of("libpq", database, port, pair.primary.port, "&connect_timeout=2")
+    )
+    async with engine.connect() as conn:
+        assert await conn.scalar(text("SELECT pg_is_in_recovery()")) is False
+    await engine.dispose()
