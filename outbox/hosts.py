@@ -126,8 +126,9 @@ def pg_address(url: str | URL) -> PgAddress:
     listed_ports = _flat(query.get("port"))
     if listed_hosts:  # they win over a host before the database name, as in libpq
         hosts = [_host_spec(spec) for spec in listed_hosts]
-    elif parsed.host:
-        hosts = [Host(parsed.host, parsed.port)]
+    elif parsed.host:  # a parsed URL may hold libpq's "h1,h2" (SQLAlchemy reads it as one)
+        *others, last = parsed.host.split(",")
+        hosts = [*(_host_spec(spec) for spec in others), Host(last, parsed.port)]
     else:
         hosts = []  # libpq's default: the local socket (a port= alone stays in the URL)
     stripped = ADDRESS_PARAMETERS if hosts else ("host", "target_session_attrs", "connect_timeout")

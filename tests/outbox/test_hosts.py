@@ -8,6 +8,7 @@ from outboxkit.outbox.db import async_url, parse_url, sync_url
 from outboxkit.outbox.errors import InvalidDatabaseUrlError
 from outboxkit.outbox.hosts import Host, pg_address
 from outboxkit.outbox.notify import listen_dsn
+from sqlalchemy.engine import make_url
 
 FORMS = [
     "postgresql://u:s3cret@h1:5432,h2:5433/db?target_session_attrs=read-write",
@@ -43,6 +44,12 @@ def test_ports_left_out_default_and_a_connect_timeout_is_kept_for_the_drivers() 
     assert listen_dsn(url) == "postgresql://u:p@h1,[2001:db8::1]:6000/db?sslmode=require"
     assert pg_address("postgresql://u:p@h/db?connect_timeout=0").timeout_s is None
     assert pg_address("postgresql://u:p@h/db").timeout_s == 10
+
+
+def test_a_parsed_url_holding_libpq_hosts_reads_them_too() -> None:
+    parsed = make_url("postgresql+asyncpg://u:p@h1,h2:5433/db")  # SQLAlchemy's one "host"
+    assert pg_address(parsed).hosts == (Host("h1"), Host("h2", 5433))
+    assert listen_dsn(parsed) == "postgresql://u:p@h1,h2:5433/db"
 
 
 def test_one_host_and_local_sockets_keep_their_usual_spelling() -> None:
