@@ -9,7 +9,13 @@ Users spell several hosts three ways, and outboxkit reads all three into one
 
 Each driver gets it in the spelling it understands: engines (SQLAlchemy's asyncpg and psycopg
 dialects) get ``host=h1,h2&port=p1,p2`` (:func:`engine_url`), libpq and asyncpg DSNs get the
-hosts in the URL's authority (:func:`libpq_uri`). asyncpg bounds a whole connect by one
+hosts in the URL's authority (:func:`libpq_uri`). SQLAlchemy 2.1's asyncpg dialect reads both
+of its spellings but needs every port, and hands the query's other parameters to
+``asyncpg.connect`` as keywords: ``target_session_attrs`` works so, ``connect_timeout`` (asyncpg
+says ``timeout``) would not, so outboxkit's engines translate it
+(:func:`outboxkit.outbox.db.make_async_engine`). asyncpg reading a DSN takes the last of
+repeated ``host=`` parameters and sends unknown ones to the server as settings, hence
+:func:`libpq_uri`. asyncpg bounds a whole connect by one
 ``timeout``, so a first host that never answers would use it all up: with several hosts,
 outboxkit's asyncpg connections try them one by one, each bounded by the connect timeout, as
 libpq does (:func:`connect_in_turn`). ``connect_timeout`` is libpq's (seconds, per host; ``0``

@@ -108,10 +108,11 @@ async def test_every_form_reaches_the_primary_past_the_standby(
         assert not lost.is_set()
 
 
+@pytest.mark.parametrize("form", FORMS)
 async def test_a_first_host_that_is_down_is_passed_over(
-    pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
+    form: str, pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
 ) -> None:
-    url = url_of("libpq", database, _free_port(), pair.primary.port)
+    url = url_of(form, database, _free_port(), pair.primary.port)
     write_sequence(url, topic, 0, 10)
     assert await relay(url, kafka_bootstrap).drain(timeout_s=scaled(60)) == 10
     assert await relay(url, kafka_bootstrap, "logical").drain(timeout_s=scaled(60)) == 0
