@@ -55,6 +55,10 @@ class Cluster:
         """Start the server again."""
         _pg_ctlcluster(self.version, self.name, "start")
 
+    def promote(self) -> None:
+        """Promote a standby to primary (a failover, once the primary is stopped)."""
+        _pg_ctlcluster(self.version, self.name, "promote")
+
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run ``sql`` as the postgres superuser; return what it printed (unaligned)."""
         done = subprocess.run(

@@ -11,6 +11,7 @@ asyncpg's 60 s.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import time
@@ -28,7 +29,7 @@ from outboxkit.testing.postgres import _free_port
 from outboxkit.testing.postgres_pair import PrimaryAndStandby, primary_and_standby
 from sqlalchemy import text
 
-from tests.relay.test_processes import check_order, write_sequence
+from tests.relay.test_processes import check_order, published_count, write_sequence
 from tests.support.kafka import read_topic, wait_for
 from tests.support.waits import scaled
 
@@ -177,3 +178,28 @@ async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
     async with engine.connect() as conn:
         assert await conn.scalar(text("SELECT pg_is_in_recovery()")) is False
     await engine.dispose()
+
+
+async def test_after_a_failover_the_relay_and_its_listen_follow_to_the_new_primary(
+    pair: PrimaryAndStandby,
+    database: str,
+    kafka_bootstrap: str,
+    topic: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The module's last test: it stops the primary and promotes the standby."""
+    caplog.set_level(logging.INFO, logger="outboxkit.listen")
+    url = url_of("repeated", database, pair.primary.port, pair.standby.port)
+    async with relay(url, kafka_bootstrap):
+        write_sequence(url, topic, 0, 10)
+        await wait_for(lambda: published_count(url), lambda n: n == 10, 60, "published")
+        pair.primary.stop()
+        pair.standby.promote()
+        await wait_for(
+            lambda: pair.standby.psql("SELECT pg_is_in_recovery()"), "f".__eq__, 60, "promoted"
+        )
+        write_sequence(url, topic, 10, 10)  # to the new primary, through the same URL
+        await wait_for(lambda: published_count(url), lambda n: n == 20, 60, "published there")
+        await wait_for(lambda: caplog.text, lambda t: "LISTEN restored" in t, 60, "LISTEN back")
+    assert caplog.text.count("LISTEN connection lost") == 1
+    check_order(await read_topic(kafka_bootstrap, topic, expected=20), 20, allow_duplicates=True)
