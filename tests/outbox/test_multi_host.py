@@ -188,7 +188,7 @@ async def test_after_a_failover_the_relay_and_its_listen_follow_to_the_new_prima
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The module's last test: it stops the primary and promotes the standby."""
-    caplog.set_level(logging.INFO, logger="outboxkit.listen")
+    caplog.set_level(logging.INFO)
     url = url_of("repeated", database, pair.primary.port, pair.standby.port)
     async with relay(url, kafka_bootstrap):
         write_sequence(url, topic, 0, 10)
