@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 from outboxkit.outbox.dialects import dialect_of
-from outboxkit.outbox.notify import LISTEN_ERRORS, listening
+from outboxkit.outbox.shared_listen import shared_listening
 from sqlalchemy.engine import URL
 
 CHANNEL = "outboxkit_actions"
-log = logging.getLogger("outboxkit.actions")
 
 
 class OperationWatch:
@@ -33,6 +31,10 @@ class OperationWatch:
         if payload == self._payload:
             self._changed.set()
 
+    def wake(self) -> None:
+        """Wake the waiter to read the operation now (the LISTEN connection was lost or is back)."""
+        self._changed.set()
+
     async def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a change; True if one was notified."""
         try:
@@ -46,13 +48,14 @@ class OperationWatch:
 
 @contextlib.asynccontextmanager
 async def watch_operation(db_url: URL, operation_id: int) -> AsyncIterator[OperationWatch]:
-    """Watch one operation: LISTEN on PostgreSQL while inside; on SQLite (or if LISTEN is
-    unavailable) the watch is never woken and the waiter polls."""
+    """Watch one operation: on PostgreSQL, through the process's one LISTEN connection for the
+    server (:func:`~outboxkit.outbox.shared_listen.shared_listening`: every waiter of the
+    process shares it); a lost connection wakes the waiter to poll. On SQLite the watch is never
+    woken and the waiter polls."""
     watch = OperationWatch(operation_id)
     async with contextlib.AsyncExitStack() as stack:
         if dialect_of(db_url).listen_notify:
-            try:
-                await stack.enter_async_context(listening(db_url, CHANNEL, watch.notify))
-            except LISTEN_ERRORS as error:
-                log.warning("LISTEN unavailable, polling the operation: %s", type(error).__name__)
+            await stack.enter_async_context(
+                shared_listening(db_url, CHANNEL, watch.notify, watch.wake)
+            )
         yield watch

@@ -24,6 +24,14 @@ from outboxkit.outbox.errors import (
     UnsupportedDatabaseError,
 )
 from outboxkit.outbox.extras import require
+from outboxkit.outbox.hosts import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    MULTI_HOST_EXAMPLE,
+    connect_in_turn,
+    engine_url,
+    pg_address,
+    with_libpq_hosts_read,
+)
 from outboxkit.outbox.pooler import use_pooler_setting
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
@@ -31,7 +39,6 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 # The URL query parameters that are about TLS; none of them reaches a driver as written.
 TLS_PARAMETERS = ("sslmode", "ssl", "sslrootcert", "sslcert", "sslkey")
@@ -103,7 +110,7 @@ def pg_tls(url: str | URL) -> PgTls:
     says something about TLS: over loopback TLS protects nothing and costs the relay about a
     quarter of its throughput (bench/README.md).
     """
-    parsed = make_url(url)
+    parsed = make_url(with_libpq_hosts_read(url)) if isinstance(url, str) else url
     query = {name: _single(parsed, name) for name in TLS_PARAMETERS if name in parsed.query}
     mode = query.get("sslmode")
     alias = query.get("ssl")
@@ -122,7 +129,7 @@ def pg_tls(url: str | URL) -> PgTls:
     for name, path in (("sslrootcert", tls.rootcert), ("sslcert", tls.cert), ("sslkey", tls.key)):
         if path is not None and path != "system" and not os.access(path, os.R_OK):
             raise InvalidDatabaseUrlError(f"{name} file {path} does not exist or cannot be read")
-    if tls == PgTls() and parsed.host in LOOPBACK_HOSTS:
+    if tls == PgTls() and pg_address(parsed).loopback_only:
         return PgTls("disable")
     return tls
 
@@ -155,16 +162,20 @@ def sync_url(url: str) -> str:
 def parse_url(url: str) -> URL:
     """``url`` parsed, for a backend outboxkit supports (PostgreSQL or SQLite, any driver).
 
-    Raises :class:`InvalidDatabaseUrlError` for text that is no URL and
+    Several PostgreSQL hosts may be written in any of the forms :mod:`outboxkit.outbox.hosts`
+    reads (libpq's ``h1:p1,h2:p2`` comes back as ``host=h1,h2&port=p1,p2``). Raises
+    :class:`InvalidDatabaseUrlError` for text that is no URL and
     :class:`UnsupportedDatabaseError` for another database; neither message shows a password.
     """
     try:
-        parsed = make_url(url)
+        parsed = make_url(with_libpq_hosts_read(url))
+    except InvalidDatabaseUrlError:
+        raise
     except (ArgumentError, ValueError):
         # ArgumentError's text repeats the URL, which may hold a password
         raise InvalidDatabaseUrlError(
-            "invalid database URL: expected e.g. postgresql://user:password@host:5432/db "
-            "or sqlite:///path/to/file.db"
+            "invalid database URL: expected e.g. postgresql://user:password@host:5432/db, "
+            f"{MULTI_HOST_EXAMPLE} for several hosts, or sqlite:///path/to/file.db"
         ) from None
     if parsed.get_backend_name() not in DIALECTS:
         raise UnsupportedDatabaseError(
@@ -178,6 +189,7 @@ def _with_driver(url: str, driver: Callable[[Dialect], str]) -> str:
     dialect = dialect_of(parsed)
     parsed = parsed.set(drivername=driver(dialect))
     if dialect.url_tls:
+        parsed = engine_url(pg_address(parsed))
         tls = pg_tls(parsed)
         parsed = parsed.difference_update_query(TLS_PARAMETERS).update_query_dict(tls.libpq_query())
     return parsed.render_as_string(hide_password=False)
@@ -190,14 +202,20 @@ def asyncpg_connect_args(url: str | URL) -> dict[str, Any]:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``; on
-    PostgreSQL the URL's ``pooler=transaction`` is read (:mod:`outboxkit.outbox.pooler`)."""
+    """Create a sync engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``.
+
+    On PostgreSQL a connection attempt gives up after the URL's ``connect_timeout`` (libpq's,
+    per host), else :data:`~outboxkit.outbox.hosts.DEFAULT_CONNECT_TIMEOUT_S`, and the URL's
+    ``pooler=transaction`` is read (:mod:`outboxkit.outbox.pooler`).
+    """
     url = sync_url(url)
     _require_driver(url, sync=True)
     engine = create_engine(url, **kwargs)
-    if dialect_of(engine).single_writer:
+    dialect = dialect_of(engine)
+    if dialect.single_writer:
         _use_immediate_transactions(engine)
-    else:
+    elif dialect.url_tls:
+        _bound_libpq_connects(engine)
         use_pooler_setting(engine, sync=True)
     return engine
 
@@ -205,11 +223,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """Create an async engine; on SQLite, transactions begin with ``BEGIN IMMEDIATE``.
 
-    On PostgreSQL the URL keeps its libpq-style TLS parameters (``engine.url`` shows them,
-    and the relay's LISTEN connection reads them from there); each connection gets them
-    translated for asyncpg. An ``ssl`` in ``connect_args`` wins over the URL. The URL's
-    ``pooler=transaction`` (:mod:`outboxkit.outbox.pooler`) makes every connection safe behind
-    a transaction pooler.
+    On PostgreSQL the URL keeps its libpq-style TLS parameters, ``target_session_attrs`` and
+    ``connect_timeout`` (``engine.url`` shows them, and the LISTEN connections read them from
+    there); each connection gets them translated for asyncpg. An ``ssl`` or ``timeout`` in
+    ``connect_args`` wins over the URL. A connection attempt gives up after the URL's
+    ``connect_timeout``, else :data:`~outboxkit.outbox.hosts.DEFAULT_CONNECT_TIMEOUT_S`; with
+    several hosts, per host (:func:`~outboxkit.outbox.hosts.connect_in_turn`).
+    The URL's ``pooler=transaction`` (:mod:`outboxkit.outbox.pooler`) makes every connection
+    safe behind a transaction pooler.
     """
     url = async_url(url)
     _require_driver(url, sync=False)
@@ -218,7 +239,7 @@ def make_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if dialect.single_writer:
         _use_immediate_transactions(engine.sync_engine)
     elif dialect.url_tls:
-        _translate_tls_for_asyncpg(engine.sync_engine, asyncpg_connect_args(engine.url))
+        _configure_asyncpg(engine.sync_engine, asyncpg_connect_args(engine.url))
         use_pooler_setting(engine.sync_engine, sync=False)
     return engine
 
@@ -231,13 +252,26 @@ def _require_driver(url: str, *, sync: bool) -> None:
         require(module, dialect.drivers_extra, dialect.title)
 
 
-def _translate_tls_for_asyncpg(engine: Engine, tls_args: dict[str, Any]) -> None:
+def _configure_asyncpg(engine: Engine, tls_args: dict[str, Any]) -> None:
+    """TLS, the connect timeout and several hosts, translated from libpq's spelling."""
+    timeout_s = pg_address(engine.url).timeout_or(DEFAULT_CONNECT_TIMEOUT_S)
+
     @event.listens_for(engine, "do_connect")
     def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
         given = cparams.get("ssl")  # from connect_args: async_url leaves no ssl in the URL
         for name in TLS_PARAMETERS:
             cparams.pop(name, None)
         cparams.update(tls_args if given is None else {"ssl": given})
+        cparams.pop("connect_timeout", None)  # asyncpg calls it timeout
+        cparams.setdefault("timeout", timeout_s)
+        if isinstance(cparams.get("host"), list):  # several hosts: the dialect made lists
+            cparams.setdefault("async_creator_fn", connect_in_turn)
+
+
+def _bound_libpq_connects(engine: Engine) -> None:
+    @event.listens_for(engine, "do_connect")
+    def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams.setdefault("connect_timeout", round(DEFAULT_CONNECT_TIMEOUT_S))
 
 
 def _use_immediate_transactions(engine: Engine) -> None:

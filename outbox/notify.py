@@ -11,12 +11,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from outboxkit.outbox.db import TLS_PARAMETERS, asyncpg_connect_args, pg_tls
 from outboxkit.outbox.extras import POSTGRES, require
-from outboxkit.outbox.pooler import listen_url, without_pooler
-from sqlalchemy.engine import URL, make_url
+from outboxkit.outbox.hosts import connect_in_turn, libpq_uri, pg_address
+from outboxkit.outbox.pooler import PARAMETERS as POOLER_PARAMETERS
+from outboxkit.outbox.pooler import listen_url
+from sqlalchemy.engine import URL
 
 log = logging.getLogger(__name__)
 _said_polling = False
@@ -42,7 +45,9 @@ async def listening(
     """LISTEN on ``channel``; call ``on_notify(payload)`` for every notification meanwhile.
 
     Yields an event that is set if the connection is lost (no more notifications then). Raises
-    one of :data:`LISTEN_ERRORS` if the connection cannot be made. Behind a transaction pooler
+    one of :data:`LISTEN_ERRORS` if the connection cannot be made. The URL's hosts are tried in
+    turn, each bounded by its ``connect_timeout`` (else ``connect_timeout_s``), keeping the
+    first that matches its ``target_session_attrs``. Behind a transaction pooler
     (``pooler=transaction``) the connection goes to the URL's ``listen_host``; without one
     nothing is heard (the caller polls, as it does anyway) and a line says so, once a process.
     """
@@ -52,9 +57,15 @@ async def listening(
         _say_polling()
         yield asyncio.Event()  # never set: nothing to lose
         return
+    address = pg_address(target)
     try:
-        connection = await asyncpg.connect(
-            listen_dsn(target), timeout=connect_timeout_s, **asyncpg_connect_args(db_url)
+        connection = await connect_in_turn(
+            dsn=listen_dsn(target),
+            host=[host.name for host in address.hosts] or None,
+            port=[host.port_or_default() for host in address.hosts] or None,
+            target_session_attrs=address.target_session_attrs,
+            timeout=address.timeout_or(connect_timeout_s),
+            **asyncpg_connect_args(db_url),
         )
     except asyncpg.PostgresError as error:
         raise ListenRefusedError(str(error)) from error
@@ -75,16 +86,18 @@ async def listening(
 
 
 def listen_dsn(db_url: str | URL) -> str:
-    """A libpq-style DSN for asyncpg from a SQLAlchemy URL of any PostgreSQL driver.
+    """A libpq-style DSN (for asyncpg and psycopg2) from a SQLAlchemy URL of any PostgreSQL
+    driver and any multi-host spelling (:mod:`outboxkit.outbox.hosts`): the hosts as
+    ``h1:p1,h2:p2``, ``target_session_attrs`` kept, ``connect_timeout`` left to the caller.
 
     TLS is spelled as :func:`outboxkit.outbox.db.pg_tls` reads it (``ssl=`` becomes
     ``sslmode``, loopback gets ``disable``); :func:`listening` also passes asyncpg the engines'
     ``ssl=`` (:func:`~outboxkit.outbox.db.asyncpg_connect_args`), which wins.
     """
-    url = without_pooler(make_url(db_url)).set(drivername="postgresql")
-    query = pg_tls(url).libpq_query()
-    url = url.difference_update_query(TLS_PARAMETERS).update_query_dict(query)
-    return url.render_as_string(hide_password=False)
+    address = pg_address(db_url)
+    unsent = (*TLS_PARAMETERS, *POOLER_PARAMETERS)  # TLS as below; the pooler's are outboxkit's
+    address = replace(address, url=address.url.difference_update_query(unsent))
+    return libpq_uri(address, pg_tls(db_url).libpq_query())
 
 
 def _say_polling() -> None:

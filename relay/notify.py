@@ -3,53 +3,38 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
-from outboxkit.outbox.backoff import Backoff
-from outboxkit.outbox.notify import LISTEN_ERRORS, listening
+from outboxkit.outbox.shared_listen import shared_listening
 from sqlalchemy.engine import URL
 
 CHANNEL = "outboxkit_outbox"
-log = logging.getLogger("outboxkit.relay")
 
 
 class CommitListener:
-    """Keeps one asyncpg connection listening; sets ``wake`` on every notification.
+    """Sets ``wake`` on every notification, through the process's one LISTEN connection for the
+    server and channel (:func:`~outboxkit.outbox.shared_listen.shared_listening`).
 
-    If the connection drops it reconnects with backoff; meanwhile the relay falls back to polling.
+    If the connection drops it is reopened with backoff (one WARNING, then ``LISTEN restored``);
+    ``wake`` is set on both, and meanwhile the relay polls.
     """
 
     def __init__(self, db_url: str | URL, wake: asyncio.Event) -> None:
         self._db_url = db_url
         self._wake = wake
         self._task: asyncio.Task[None] | None = None
-        self._backoff = Backoff(base_s=0.5, cap_s=15.0, floor_s=0.1)
 
     def start(self) -> None:
         """Start listening in the background."""
         self._task = asyncio.create_task(self._run(), name="outboxkit-listen")
 
     async def stop(self) -> None:
-        """Stop listening and close the connection."""
+        """Stop listening (the connection closes when its last listener leaves)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
-        attempt = 0
-        was_lost = False  # a lost connection is said to be back even if it reconnects at once
-        while True:
-            try:
-                async with listening(self._db_url, CHANNEL, lambda _: self._wake.set()) as lost:
-                    if attempt or was_lost:
-                        log.info("LISTEN restored")
-                    attempt, was_lost = 0, False
-                    self._wake.set()  # catch up on anything committed while we were away
-                    await lost.wait()
-                    log.warning("LISTEN connection lost, polling meanwhile")
-                    was_lost = True
-            except LISTEN_ERRORS as error:
-                attempt += 1
-                if attempt == 1:
-                    log.warning("LISTEN unavailable, polling meanwhile: %s", error)
-                await asyncio.sleep(self._backoff.delay(attempt))
+        wake = self._wake.set
+        async with shared_listening(self._db_url, CHANNEL, lambda _payload: wake(), wake):
+            wake()  # catch up on anything committed before the connection was up
+            await asyncio.Event().wait()  # until stopped

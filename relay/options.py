@@ -33,6 +33,10 @@ class RelayOptions:
     for as long make it stalled (a log line, ``/readyz`` 503, ``outboxkit_relay_stalled``);
     ``max_slot_lag_bytes`` (logical mode, ``None``: no limit) does the same for its slot's
     lag (docs/observability.md#stalls).
+    ``statement_timeout_s`` bounds each statement on the engine the relay makes from its URL
+    (asyncpg's ``command_timeout``; an engine given to the relay is used as it is): a server
+    that stops answering (hung, or cut off without a reset) is an outage after that long,
+    retried with backoff on a new connection, never a relay stuck for ever.
     """
 
     batch_size: int = 500
@@ -58,6 +62,7 @@ class RelayOptions:
     logical_reader: Literal["stream", "sql"] = "stream"
     stall_after_s: float = 60.0
     max_slot_lag_bytes: int | None = None
+    statement_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("poll", "logical"):
@@ -76,6 +81,8 @@ class RelayOptions:
             raise ValueError("linger_s must not be negative")
         if self.lease_ttl_s < 2 * self.request_timeout_s:
             raise ValueError("lease_ttl_s must be at least twice the Kafka request timeout")
+        if self.statement_timeout_s <= 0:
+            raise ValueError("statement_timeout_s must be positive")
         if self.poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
         if self.stall_after_s < self.poll_interval_s:

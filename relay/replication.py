@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outboxkit.outbox.extras import LOGICAL, require
+from outboxkit.outbox.hosts import pg_address
 from outboxkit.outbox.notify import listen_dsn
 from outboxkit.relay.pgoutput import Decoder, Transaction
 from sqlalchemy.engine import URL
@@ -67,7 +68,8 @@ class SlotStream:
         connect_timeout_s: float = 10.0,
     ) -> None:
         require_driver()
-        self._dsn = listen_dsn(db_url)
+        self._dsn = listen_dsn(db_url)  # libpq tries its hosts in turn, each for the timeout
+        connect_timeout_s = pg_address(db_url).timeout_or(connect_timeout_s) or 0.0
         self._slot = slot
         self._publication = publication
         self._on_data = on_data
@@ -155,7 +157,10 @@ class SlotStream:
             connection = psycopg2.connect(
                 self._dsn,
                 connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                connect_timeout=max(1, round(self._connect_timeout_s)),
+                # libpq: whole seconds per host, 0 waits for ever
+                connect_timeout=max(1, round(self._connect_timeout_s))
+                if self._connect_timeout_s
+                else 0,
             )
             cursor = connection.cursor()
             cursor.start_replication(

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from outboxkit.outbox.db import is_missing_table, make_async_engine, require_tables
+from outboxkit.outbox.db import is_missing_table, make_async_engine, parse_url, require_tables
 from outboxkit.outbox.dialects import dialect_of
 from outboxkit.outbox.errors import NotMigratedError
 from outboxkit.outbox.health import DependencyHealth
@@ -96,7 +96,7 @@ class Relay:
         self.stats = RelayStats()
         self._owns_engine = engine is None
         # no pre-ping on an engine of ours: see Claims._execute
-        self.engine = engine if engine is not None else make_async_engine(str(db_url))
+        self.engine = engine if engine is not None else self._own_engine(str(db_url))
         self.leases = ShardLeases(
             self.engine,
             self.relay_id,
@@ -134,6 +134,12 @@ class Relay:
         self._stall_task: asyncio.Task[None] | None = None
         self._not_migrated = False
         self.logical: LogicalStream | None = None  # the work loop, in logical mode
+
+    def _own_engine(self, db_url: str) -> AsyncEngine:
+        """The relay's engine for ``db_url``; on PostgreSQL each statement is bounded by
+        ``statement_timeout_s`` (the driver gives up and the pool drops the connection)."""
+        bound = dialect_of(parse_url(db_url)).statement_timeout_args
+        return make_async_engine(db_url, connect_args=bound(self.options.statement_timeout_s))
 
     @property
     def running(self) -> bool:

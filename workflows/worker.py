@@ -14,7 +14,7 @@ import logging
 from outboxkit.actions.store import new_holder
 from outboxkit.outbox.backoff import Backoff
 from outboxkit.outbox.dialects import dialect_of
-from outboxkit.outbox.notify import LISTEN_ERRORS, listening
+from outboxkit.outbox.shared_listen import shared_listening
 from outboxkit.workflows.engine import WorkflowEngine
 from outboxkit.workflows.store import NOTIFY_CHANNEL
 from sqlalchemy.exc import SQLAlchemyError
@@ -109,12 +109,11 @@ class WorkflowWorker:
         engine_url = getattr(url, "url", None)
         if not self.listen or engine_url is None or not dialect_of(engine_url).listen_notify:
             return
-        try:
-            await stack.enter_async_context(
-                listening(engine_url, NOTIFY_CHANNEL, lambda _: self._wake.set())
-            )
-        except LISTEN_ERRORS as error:
-            log.warning("workflow worker: LISTEN failed (%s); polling only", type(error).__name__)
+        wake = self._wake.set
+        # The process's one connection for the channel, reopened with backoff if lost.
+        await stack.enter_async_context(
+            shared_listening(engine_url, NOTIFY_CHANNEL, lambda _payload: wake(), wake)
+        )
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -116,6 +116,11 @@ class Dialect:
         """Async engine ``connect_args`` that give up a connection attempt after ``timeout_s``."""
         return {}
 
+    def statement_timeout_args(self, timeout_s: float) -> dict[str, Any]:
+        """Async engine ``connect_args`` that give up any statement after ``timeout_s``, even
+        on a server that stopped answering (a client-side bound)."""
+        return {}
+
     def bounded_sync_args(self, timeout_s: float) -> dict[str, Any]:
         """Sync engine ``connect_args`` bounding a connection attempt and each statement (and
         its lock waits) by ``timeout_s``."""

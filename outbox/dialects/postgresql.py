@@ -56,6 +56,11 @@ class PostgreSQL(Dialect):
         """asyncpg's connection timeout."""
         return {"timeout": timeout_s}
 
+    def statement_timeout_args(self, timeout_s: float) -> dict[str, Any]:
+        """asyncpg's ``command_timeout``: it cancels the statement and raises
+        :class:`TimeoutError` (an outage to the relay); the pool drops the connection."""
+        return {"command_timeout": timeout_s}
+
     def bounded_sync_args(self, timeout_s: float) -> dict[str, Any]:
         """libpq's ``connect_timeout`` (whole seconds, at least 1) and the session's
         ``statement_timeout``/``lock_timeout``."""
