@@ -13,7 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from outboxkit.testing.patroni import PatroniCluster
 from outboxkit.testing.processes import start_cli, terminate
 
@@ -105,11 +104,6 @@ async def test_poll_relay_through_haproxy_follows_a_switchover_and_a_failover(
     print(f"\nrelay through HAProxy: {figures}")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="libpq's multi-host URL (h1:p1,h2:p2) is refused by outboxkit's URL handling on this "
-    "base; another branch of issue 38 makes it work: switch this on after merging it",
-)
 async def test_poll_relay_through_a_multihost_url_follows_a_switchover_and_a_failover(
     ha_cluster: PatroniCluster, ha_db: str, kafka_bootstrap: str, topic: str, tmp_path: Path
 ) -> None:
