@@ -1,4 +1,4 @@
-"""``outboxkit dev kafka``: a real single-node Apache Kafka broker for development."""
+"""``outboxkit dev kafka``: a real Apache Kafka broker, or a three-node cluster, for development."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 from outboxkit.cli import signals
 from outboxkit.cli.errors import CliError
 from outboxkit.testing.kafka import SECURITY_MODES, KafkaBroker, KafkaLauncherError
+from outboxkit.testing.kafka_cluster import KafkaCluster
 
 # How often the command checks that its broker still runs (a dead one ends it with exit 2).
 WATCH_INTERVAL_S = 1.0
@@ -18,7 +19,18 @@ dev_app = typer.Typer(help="Development helpers.", no_args_is_help=True)
 
 @dev_app.command("kafka")
 def dev_kafka(
-    port: int = typer.Option(0, "--port", help="Broker port on 127.0.0.1 (0: a free one)."),
+    port: int = typer.Option(
+        0,
+        "--port",
+        help="Broker port on 127.0.0.1 (0: a free one); with --brokers N, the first of N "
+        "ports in a row.",
+    ),
+    brokers: int = typer.Option(
+        1,
+        "--brokers",
+        help="1: one broker; 3: a KRaft cluster of three nodes (replication factor 3, "
+        "min.insync.replicas 2).",
+    ),
     auto_create_topics: bool = typer.Option(True, help="Let the broker create topics on use."),
     security: str | None = typer.Option(
         None,
@@ -27,18 +39,28 @@ def dev_kafka(
         "sasl_ssl (TLS + SCRAM users), with a throwaway CA.",
     ),
 ) -> None:
-    """Run a real single-node Apache Kafka broker until SIGTERM or Ctrl-C (both exit 0).
+    """Run a real Apache Kafka broker (or, with ``--brokers 3``, a three-node cluster) until
+    SIGTERM or Ctrl-C (both exit 0).
 
     Prints ``ready: BOOTSTRAP``, then (with ``--security``) the OUTBOXKIT_KAFKA_* settings a
-    client needs, as shell ``export`` lines.
+    client needs, as shell ``export`` lines; a cluster also prints one ``node`` line per node
+    (its id, address and process id, for the faults you inject by hand).
     """
-    if port < 0 or port > 65535:
+    if brokers not in (1, 3):
+        raise typer.BadParameter(f"{brokers} brokers: give 1 or 3", param_hint="--brokers")
+    if port < 0 or port + brokers - 1 > 65535:
         raise typer.BadParameter(f"port {port} is out of range 0-65535", param_hint="--port")
     mode = security.lower() if security else None
     if mode is not None and mode not in SECURITY_MODES:
         raise typer.BadParameter(
             f"{security!r} is not one of {', '.join(SECURITY_MODES)}", param_hint="--security"
         )
+    if mode is not None and brokers > 1:
+        raise typer.BadParameter("--security works with one broker only", param_hint="--security")
+    if brokers > 1:
+        ports = list(range(port, port + brokers)) if port else None
+        _run_cluster(KafkaCluster(brokers, auto_create_topics=auto_create_topics, ports=ports))
+        return
     stop = threading.Event()
     for signum in signals.STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
@@ -66,6 +88,51 @@ def dev_kafka(
         broker.stop()
         if not (failed and broker.log_file.exists()):  # a failed broker's log stays to be read
             broker.close()
+
+
+def _run_cluster(cluster: KafkaCluster) -> None:
+    """Start ``cluster``, print where it listens, and keep it until a stop signal.
+
+    A node that ends meanwhile (``kill -9 PID`` tries a crash by hand; ``kill -STOP`` and
+    ``kill -CONT`` freeze and thaw one) is started again on its ports with its data, and a
+    line on stderr says so; a node that cannot start again ends the command with exit 2.
+    """
+    stop = threading.Event()
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stop.set())
+    if signals.requested():
+        return
+    failed = False
+    try:
+        try:
+            cluster.start()
+        except KafkaLauncherError as error:
+            failed = True
+            raise CliError(f"dev kafka: {_first_line(error)}") from None
+        typer.echo(f"ready: {cluster.bootstrap}")
+        for node in cluster.nodes:
+            typer.echo(f"node {node.node_id}: {node.bootstrap} pid {node.pid} log {node.log_file}")
+        typer.echo(
+            f"started in {cluster.start_seconds:.1f} s; replication factor {cluster.replication}, "
+            f"min.insync.replicas {cluster.nodes[0].min_insync}"
+        )
+        while not stop.wait(WATCH_INTERVAL_S):
+            for node in cluster.nodes:
+                code = node.exit_code
+                if code is None:
+                    continue
+                typer.echo(f"node {node.node_id} exited with {code}; starting it again", err=True)
+                node.stop()
+                try:
+                    node.start()
+                except KafkaLauncherError as error:
+                    failed = True
+                    raise CliError(f"dev kafka: node {node.node_id}: {_first_line(error)}") from None
+                typer.echo(f"node {node.node_id}: {node.bootstrap} pid {node.pid} (restarted)")
+    finally:
+        cluster.stop()
+        if not failed:  # a failed cluster's logs stay to be read
+            cluster.close()
 
 
 def _first_line(error: BaseException) -> str:
