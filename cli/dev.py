@@ -127,7 +127,8 @@ def _run_cluster(cluster: KafkaCluster) -> None:
                     node.start()
                 except KafkaLauncherError as error:
                     failed = True
-                    raise CliError(f"dev kafka: node {node.node_id}: {_first_line(error)}") from None
+                    why = _first_line(error)
+                    raise CliError(f"dev kafka: node {node.node_id}: {why}") from None
                 typer.echo(f"node {node.node_id}: {node.bootstrap} pid {node.pid} (restarted)")
     finally:
         cluster.stop()

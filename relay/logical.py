@@ -424,8 +424,7 @@ class LogicalStream:
             while chunk:
                 outcome = await relay.publisher.publish(chunk)
                 if outcome.outage is not None:
-                    await relay.publisher.reset()
-                    raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+                    raise await relay.publisher.recreate(outcome.outage)
                 relay.stats.batches += 1
                 metrics.BATCH_SIZE.observe(len(outcome.published) + len(outcome.failed))
                 published += [row.id for row in outcome.published]
@@ -581,8 +580,7 @@ class LogicalStream:
         outcome = await relay.publisher.publish(rows)
         await relay._settle(outcome, delete_published=True)
         if outcome.outage is not None:
-            await relay.publisher.reset()
-            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            raise await relay.publisher.recreate(outcome.outage)
         relay.kafka.succeeded()
         return [row.id for row in outcome.published]
 
@@ -625,8 +623,7 @@ class LogicalStream:
         outcome = await relay.publisher.publish(rows)
         await relay._settle(outcome, delete_published=True)
         if outcome.outage is not None:
-            await relay.publisher.reset()
-            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            raise await relay.publisher.recreate(outcome.outage)
 
 
 UNREADABLE_SOURCE = "outboxkit:unreadable-wal-message"
