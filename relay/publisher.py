@@ -476,9 +476,7 @@ def _publish_span(row: ClaimedRow) -> tuple[Any, list[tuple[str, bytes]]]:
     return current, [(k, v) for k, v in row.headers if k != telemetry.HOP_HEADER] + [hop]
 
 
-def _rewind_sequence(
-    producer: AIOKafkaProducer, topic: str, partition: int, records: int
-) -> None:
+def _rewind_sequence(producer: AIOKafkaProducer, topic: str, partition: int, records: int) -> None:
     """Give back the sequence numbers of a batch the broker refused without writing it.
 
     aiokafka numbers a batch's records when it sends it and never takes the numbers back, so
