@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.testing.kafka import KafkaBroker, broker_from_env
+from outboxkit.testing.kafka_cluster import KafkaCluster
 from outboxkit.testing.postgres import TlsCluster, throwaway_database, tls_cluster
 
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
-INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg"})
+INTEGRATION_FIXTURES = frozenset(
+    {"kafka_bootstrap", "own_kafka", "kafka_cluster", "pg_url", "tls_pg"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,6 +49,19 @@ def own_kafka() -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """A three-node KRaft cluster (replication factor 3, min.insync.replicas 2) for one test
+    module, whose nodes its tests may kill, stop, restart and freeze (leaving them running)."""
+    cluster = KafkaCluster()
+    cluster.start()
+    print(f"\nthree-node Kafka cluster started in {cluster.start_seconds:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="session")
