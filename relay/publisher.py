@@ -21,7 +21,6 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
     CorruptRecordException,
     InvalidTopicError,
-    KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
@@ -136,6 +135,10 @@ class Publisher:
             async with asyncio.timeout(self._timeout_s):
                 await self._producer.client.fetch_all_metadata()
         except (KafkaError, TimeoutError) as error:
+            if isinstance(error, TimeoutError):
+                raise KafkaUnavailable(
+                    f"no metadata from the cluster within {self._timeout_s:g}s"
+                ) from error
             raise KafkaUnavailable(str(error) or type(error).__name__) from error
 
     async def reset(self) -> None:
@@ -502,10 +505,15 @@ async def _discard(producer: AIOKafkaProducer, timeout_s: float) -> None:
     with contextlib.suppress(KafkaError, TimeoutError, OSError):
         await asyncio.wait_for(producer.stop(), timeout_s)
         return
-    # aiokafka has no public way to abandon its batches: fail them, end the sender, close.
-    producer._message_accumulator.fail_all(KafkaConnectionError("producer discarded"))
-    with contextlib.suppress(KafkaError, TimeoutError, OSError):
-        await asyncio.wait_for(producer.client.close(), timeout_s)
-    if producer._sender is not None:
-        with contextlib.suppress(KafkaError, TimeoutError, OSError):
+    # aiokafka has no public way to abandon its batches: end the sender task (it lets its
+    # requests in flight finish first), then close the connections. Best effort: whatever
+    # goes wrong in a producer being thrown away must not stop the relay.
+    try:
+        if producer._sender is not None:
             await asyncio.wait_for(producer._sender.close(), timeout_s)
+    except Exception as error:
+        log.debug("discarding a producer: its sender ended with %s", type(error).__name__)
+    try:
+        await asyncio.wait_for(producer.client.close(), timeout_s)
+    except Exception as error:
+        log.debug("discarding a producer: closing its client: %s", type(error).__name__)
