@@ -61,29 +61,25 @@ def dev_kafka(
         ports = list(range(port, port + brokers)) if port else None
         _run_cluster(KafkaCluster(brokers, auto_create_topics=auto_create_topics, ports=ports))
         return
-    stop = threading.Event()
-    for signum in signals.STOP_SIGNALS:
-        signal.signal(signum, lambda *_: stop.set())
-    if signals.requested():
-        return  # stopped while starting up (main() held the signals): exit 0, no broker
+    stop = _stop_on_signal()
+    if stop is None:
+        return
     broker = KafkaBroker(port=port or None, auto_create_topics=auto_create_topics, security=mode)
     failed = False
     try:
-        try:
-            broker.start()
-        except KafkaLauncherError as error:
-            failed = True
-            raise CliError(f"dev kafka: {_first_line(error)}") from None
+        _start(broker)
         typer.echo(f"ready: {broker.bootstrap}", err=False)
         if mode is not None:
             for line in client_exports(broker):
                 typer.echo(line)
         while not stop.wait(WATCH_INTERVAL_S):
             if broker.exit_code is not None:
-                failed = True
                 raise CliError(
                     f"dev kafka: the broker exited with {broker.exit_code}; see {broker.log_file}"
                 )
+    except CliError:
+        failed = True
+        raise
     finally:
         broker.stop()
         if not (failed and broker.log_file.exists()):  # a failed broker's log stays to be read
@@ -97,18 +93,12 @@ def _run_cluster(cluster: KafkaCluster) -> None:
     ``kill -CONT`` freeze and thaw one) is started again on its ports with its data, and a
     line on stderr says so; a node that cannot start again ends the command with exit 2.
     """
-    stop = threading.Event()
-    for signum in signals.STOP_SIGNALS:
-        signal.signal(signum, lambda *_: stop.set())
-    if signals.requested():
+    stop = _stop_on_signal()
+    if stop is None:
         return
     failed = False
     try:
-        try:
-            cluster.start()
-        except KafkaLauncherError as error:
-            failed = True
-            raise CliError(f"dev kafka: {_first_line(error)}") from None
+        _start(cluster)
         typer.echo(f"ready: {cluster.bootstrap}")
         for node in cluster.nodes:
             typer.echo(f"node {node.node_id}: {node.bootstrap} pid {node.pid} log {node.log_file}")
@@ -123,17 +113,32 @@ def _run_cluster(cluster: KafkaCluster) -> None:
                     continue
                 typer.echo(f"node {node.node_id} exited with {code}; starting it again", err=True)
                 node.stop()
-                try:
-                    node.start()
-                except KafkaLauncherError as error:
-                    failed = True
-                    why = _first_line(error)
-                    raise CliError(f"dev kafka: node {node.node_id}: {why}") from None
+                _start(node, f"node {node.node_id}: ")
                 typer.echo(f"node {node.node_id}: {node.bootstrap} pid {node.pid} (restarted)")
+    except CliError:
+        failed = True
+        raise
     finally:
         cluster.stop()
         if not failed:  # a failed cluster's logs stay to be read
             cluster.close()
+
+
+def _stop_on_signal() -> threading.Event | None:
+    """An event SIGTERM and SIGINT set; ``None`` when one came during start-up (main() held
+    the signals): the command then exits 0 having started nothing."""
+    stop = threading.Event()
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stop.set())
+    return None if signals.requested() else stop
+
+
+def _start(server: KafkaBroker | KafkaCluster, which: str = "") -> None:
+    """Start ``server``; a launcher error becomes one line (exit 2)."""
+    try:
+        server.start()
+    except KafkaLauncherError as error:
+        raise CliError(f"dev kafka: {which}{_first_line(error)}") from None
 
 
 def _first_line(error: BaseException) -> str:

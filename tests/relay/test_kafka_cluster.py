@@ -30,11 +30,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tests.chaos.app import EVENT_TYPE, chaos_effects, chaos_metadata
+from tests.relay.test_processes import KEYS, check_order
 from tests.support.kafka import read_topic, wait_for
 from tests.support.waits import scaled
 
 PARTITIONS = 3
-KEYS = 30
 STARTED = re.compile(r"\b(relay|consumer) \S+ started\b")
 
 
@@ -114,23 +114,6 @@ def effects(db_url: str) -> list[tuple[str, str, int]]:
         ).all()
     engine.dispose()
     return [(row.event_id, row.key, row.seq) for row in rows]
-
-
-def check_first_occurrences(records: list, total: int) -> int:
-    """Every seq on Kafka, each key's first occurrences in commit order; returns the
-    duplicates (allowed: the inbox absorbs them)."""
-    seen: set[int] = set()
-    firsts: defaultdict[bytes, list[int]] = defaultdict(list)
-    for record in records:
-        seq = json.loads(record.value)["seq"]
-        assert record.key == f"key-{seq % KEYS}".encode()
-        if seq not in seen:
-            seen.add(seq)
-            firsts[record.key].append(seq)
-    assert seen == set(range(total)), f"missing: {sorted(set(range(total)) - seen)[:20]}"
-    for key, seqs in firsts.items():
-        assert seqs == sorted(seqs), f"first occurrences out of order for {key!r}"
-    return len(records) - len(seen)
 
 
 @pytest.fixture
@@ -216,7 +199,7 @@ async def test_relay_and_consumer_keep_going_while_leaders_are_killed_and_frozen
         by_key[key].append(seq)
     assert all(seqs == sorted(seqs) for seqs in by_key.values()), "effects out of key order"
     records = await read_topic(bootstrap, cluster_topic, expected=total, timeout=120)
-    duplicates = check_first_occurrences(records, total)
+    duplicates = check_order(records, total, allow_duplicates=True)
     print(f"{mode}: {len(records)} records on Kafka, {duplicates} duplicates")
 
 
