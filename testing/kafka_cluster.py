@@ -22,6 +22,7 @@ Every method blocks (from a running event loop, call them through ``asyncio.to_t
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 import threading
@@ -50,6 +51,19 @@ REPLICA_LAG_MS = 10_000
 METADATA_TIMEOUT_MS = 5_000
 
 T = TypeVar("T")
+_HELPER_THREAD = "outboxkit-cluster-metadata"
+
+
+class _QuietHelper(logging.Filter):
+    """Drops aiokafka's lines logged from the helpers' own metadata queries: asking a cluster
+    with a node down is what they are for, and every query would log its refused connects."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return threading.current_thread().name != _HELPER_THREAD
+
+
+logging.getLogger("aiokafka").addFilter(_QuietHelper())
+logging.getLogger("aiokafka.admin.client").addFilter(_QuietHelper())
 
 
 @dataclass(frozen=True)
@@ -292,7 +306,7 @@ class KafkaCluster:
             except BaseException as error:  # handed to the caller's thread
                 errors.append(error)
 
-        thread = threading.Thread(target=target)
+        thread = threading.Thread(target=target, name=_HELPER_THREAD)
         thread.start()
         thread.join()
         if errors:
