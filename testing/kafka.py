@@ -138,6 +138,7 @@ class KafkaBroker:
         replication: int = 1,
         heap: str = "512m",
         extra_properties: dict[str, str] | None = None,
+        jvm_options: tuple[str, ...] = (),
     ) -> None:
         if security is not None and security not in SECURITY_MODES:
             raise ValueError(f"security must be one of {', '.join(SECURITY_MODES)} or None")
@@ -150,6 +151,7 @@ class KafkaBroker:
         self.replication = replication
         self.heap = heap
         self.extra_properties = dict(extra_properties or {})
+        self.jvm_options = jvm_options
         self.security = security
         self.internal_port = free_port() if security else None
         # A throwaway secret of a throwaway broker: clients need it, so it is shown.
@@ -313,6 +315,7 @@ class KafkaBroker:
                 "java",
                 "-Xms128m",
                 f"-Xmx{self.heap}",
+                *self.jvm_options,
                 self._log_option,
                 "-cp",
                 self._classpath,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import threading
 import time
@@ -151,13 +150,8 @@ async def ride_out(cluster: KafkaCluster, topic: str, log: list[str]) -> None:
     await asyncio.to_thread(cluster.wait_in_sync, [topic], scaled(120))
 
 
-# Logical mode takes two more minutes: run by hand (OUTBOXKIT_TEST_CLUSTER_LOGICAL=1), and
-# in the chaos run's --cluster variant. Both modes publish through the same Publisher.
-MODES = ["poll", "logical"] if os.environ.get("OUTBOXKIT_TEST_CLUSTER_LOGICAL") else ["poll"]
-
-
 @pytest.mark.timeout(scaled(300))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["poll", "logical"])
 async def test_relay_and_consumer_keep_going_while_leaders_are_killed_and_frozen(
     mode: str, pg_url: str, kafka_cluster: KafkaCluster, cluster_topic: str, tmp_path: Path
 ) -> None:
