@@ -1,4 +1,5 @@
-"""Why a Kafka connection failed, in one line an operator can act on, without any secret.
+"""Why a Kafka connection or a send failed, in one line an operator can act on, without any
+secret; and which failures leave a producer that must be replaced (:func:`producer_lost`).
 
 aiokafka reports every failed bootstrap as ``KafkaConnectionError: Unable to bootstrap from
 [...]`` and keeps the cause (a rejected password, an untrusted certificate) in its own log.
@@ -14,9 +15,15 @@ import ssl
 from typing import Any
 
 from aiokafka.errors import (
+    InvalidProducerEpoch,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    RequestTimedOutError,
     SaslAuthenticationFailed,
+    UnknownProducerId,
     UnsupportedSaslMechanismError,
 )
 from outboxkit.outbox.kafka_settings import KafkaSettings, KafkaSettingsError
@@ -30,6 +37,33 @@ _CONNECTION_KEYS = (
     "sasl_plain_password",
     "sasl_oauth_token_provider",
 )
+
+
+# The producer's idempotence state (its producer id, epoch and per-partition sequence numbers)
+# no longer matches the brokers': retried in place, the send fails for ever (aiokafka#1017: after
+# a short outage OutOfOrderSequenceNumber stops production until a restart). Only a new producer,
+# with a new producer id, publishes again.
+_STATE_LOST: tuple[tuple[type[BaseException], str], ...] = (
+    (OutOfOrderSequenceNumber, "out-of-order sequence number"),
+    (UnknownProducerId, "unknown producer id"),
+    (InvalidProducerEpoch, "fenced producer (invalid epoch)"),
+    (ProducerFenced, "fenced producer"),
+)
+# No answer in time: the send's outcome is unknown (written or not), so the producer's sequence
+# numbers may be wrong too (Jepsen: re-initialise the producer after indefinite errors).
+_INDEFINITE = (KafkaTimeoutError, RequestTimedOutError, TimeoutError)
+
+
+def producer_lost(error: BaseException) -> str | None:
+    """Why ``error`` leaves a producer that cannot be trusted to send again, in a few words
+    (its idempotence state is lost, or a send's outcome is unknown); ``None`` for a failure
+    after which the same producer may retry (a broker that cannot be reached, say)."""
+    for kind, cause in _STATE_LOST:
+        if isinstance(error, kind):
+            return cause
+    if isinstance(error, _INDEFINITE):
+        return "no acknowledgement in time (outcome unknown)"
+    return None
 
 
 def hosts(bootstrap: str) -> list[tuple[str, int]]:

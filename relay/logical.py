@@ -463,8 +463,7 @@ class LogicalStream:
             while chunk:
                 outcome = await relay.publisher.publish(chunk)
                 if outcome.outage is not None:
-                    await relay.publisher.reset()
-                    raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+                    raise await relay.publisher.recreate(outcome.outage)
                 relay.stats.batches += 1
                 metrics.BATCH_SIZE.observe(len(outcome.published) + len(outcome.failed))
                 published += [row.id for row in outcome.published]
@@ -716,8 +715,7 @@ class LogicalStream:
         outcome = await relay.publisher.publish(rows)
         await relay._settle(outcome, delete_published=True)
         if outcome.outage is not None:
-            await relay.publisher.reset()
-            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            raise await relay.publisher.recreate(outcome.outage)
         relay.kafka.succeeded()
         return [row.id for row in outcome.published]
 
@@ -760,8 +758,7 @@ class LogicalStream:
         outcome = await relay.publisher.publish(rows)
         await relay._settle(outcome, delete_published=True)
         if outcome.outage is not None:
-            await relay.publisher.reset()
-            raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+            raise await relay.publisher.recreate(outcome.outage)
 
 
 UNREADABLE_SOURCE = "outboxkit:unreadable-wal-message"

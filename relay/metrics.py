@@ -13,6 +13,12 @@ PUBLISH_ERRORS = Counter(
     "Rows whose publish failed: kind=record (counts an attempt) or kind=outage (released).",
     ["kind"],
 )
+PRODUCERS_RECREATED = Counter(
+    "outboxkit_relay_producers_recreated",
+    "Kafka producers replaced after an outage: cause=state_lost (out-of-order sequence, unknown "
+    "or fenced producer id, unknown outcome) or cause=unavailable.",
+    ["cause"],
+)
 PARKED_NOW = Counter("outboxkit_relay_parked", "Rows this relay parked after their last attempt.")
 BACKLOG = Gauge("outboxkit_outbox_backlog", "Outbox rows due and neither published nor parked.")
 OLDEST_AGE = Gauge(

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
     CorruptRecordException,
     InvalidTopicError,
@@ -34,7 +34,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from outboxkit.outbox import telemetry
-from outboxkit.outbox.kafka_failures import explain
+from outboxkit.outbox.kafka_failures import explain, producer_lost
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.outbox.secrecy import describe_error
 from outboxkit.relay import metrics
@@ -105,16 +105,24 @@ class Publisher:
         self._batch_limits: dict[str, int] = {}
         self._timeout_s = request_timeout_s
         self._ack_deadline_s = 3 * self._timeout_s
+        self.recreated = 0  # producers replaced after an outage (each with a new producer id)
 
     async def start(self) -> None:
-        """Connect; raises :class:`KafkaUnavailable` when no broker answers."""
+        """Connect and get a producer id; raises :class:`KafkaUnavailable` when no broker
+        answers, or no producer id comes in time (aiokafka asks for one for ever: a cluster
+        without a controller quorum would hold the relay here, silent)."""
         if self._producer is not None:
             return
         producer = AIOKafkaProducer(**self._config)
         try:
-            await producer.start()
-        except KafkaError as error:
-            await _stop_quietly(producer, self._timeout_s)
+            async with asyncio.timeout(self._ack_deadline_s):
+                await producer.start()
+        except (KafkaError, TimeoutError) as error:
+            await _discard(producer, self._timeout_s)
+            if isinstance(error, TimeoutError):
+                raise KafkaUnavailable(
+                    f"no producer id from the cluster within {self._ack_deadline_s:.1f}s"
+                ) from error
             raise KafkaUnavailable(await explain(self._kafka, error, self._timeout_s)) from error
         self._producer = producer
 
@@ -127,13 +135,35 @@ class Publisher:
             async with asyncio.timeout(self._timeout_s):
                 await self._producer.client.fetch_all_metadata()
         except (KafkaError, TimeoutError) as error:
+            if isinstance(error, TimeoutError):
+                raise KafkaUnavailable(
+                    f"no metadata from the cluster within {self._timeout_s:g}s"
+                ) from error
             raise KafkaUnavailable(str(error) or type(error).__name__) from error
 
     async def reset(self) -> None:
         """Drop the producer after an outage; the next start gets a fresh producer id."""
         producer, self._producer = self._producer, None
         if producer is not None:
-            await _stop_quietly(producer, self._timeout_s)
+            await _discard(producer, self._timeout_s)
+
+    async def recreate(self, outage: BaseException) -> KafkaUnavailable:
+        """Drop the producer after ``outage`` (the batch's rows were released, no attempt
+        counted) and return the error to raise: the caller's outage loop retries with growing
+        backoff and logs one line per cause, and the next batch gets a new producer.
+
+        Every outage recreates the producer: after some (an out-of-order sequence number, an
+        unknown or fenced producer id, a send whose outcome is unknown) the old one could never
+        send again, and after the others a new one costs one round trip.
+        """
+        await self.reset()
+        self.recreated += 1
+        cause = producer_lost(outage)
+        metrics.PRODUCERS_RECREATED.labels("unavailable" if cause is None else "state_lost").inc()
+        text = describe_error(outage, with_class=True)
+        if cause is not None:
+            return KafkaUnavailable(f"{cause} ({text}); the producer is recreated")
+        return KafkaUnavailable(text)
 
     async def stop(self) -> None:
         """Flush and close the producer."""
@@ -188,7 +218,7 @@ class Publisher:
                     partitions = sorted(await producer.partitions_for(row.topic))
                     partitions_of[row.topic] = partitions
             except UnknownTopicOrPartitionError as error:
-                if await self._broker_reachable():
+                if await self._topic_missing(row.topic):
                     missing_topics[row.topic] = f"topic {row.topic!r} does not exist"
                     self._fail(outcome, failed_at, index, row, missing_topics[row.topic])
                     continue
@@ -257,10 +287,15 @@ class Publisher:
                     break
             if not batch.items:
                 continue
+            sent = False
             try:
-                result = await self._acknowledgement(await batch.send(producer))
+                future = await batch.send(producer)
+                sent = True
+                result = await self._acknowledgement(future)
             except KafkaError as error:
                 result = error
+            if sent and isinstance(result, SIZE_ERRORS + RECORD_ERRORS):
+                _rewind_sequence(producer, topic, partition, len(batch.items))
             if not isinstance(result, BaseException):
                 if not failed_at and not spans:  # the usual case: nothing to check per row
                     outcome.published.extend(item.row for item in batch.items)
@@ -339,13 +374,18 @@ class Publisher:
         if row.key is not None:
             failed_at[row.key] = min(index, failed_at.get(row.key, index))
 
-    async def _broker_reachable(self) -> bool:
+    async def _topic_missing(self, topic: str) -> bool:
+        """Whether a broker answers and its metadata has no ``topic``. aiokafka also says
+        "unknown topic" when no metadata came in time (during a leader change, say): that is
+        an outage, and must not count an attempt."""
         assert self._producer is not None
         try:
-            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), self._timeout_s)
-            return True
+            metadata = await asyncio.wait_for(
+                self._producer.client.fetch_all_metadata(), self._timeout_s
+            )
         except (KafkaError, TimeoutError):
             return False
+        return topic not in metadata.topics()
 
 
 @dataclass(slots=True)
@@ -439,6 +479,41 @@ def _publish_span(row: ClaimedRow) -> tuple[Any, list[tuple[str, bytes]]]:
     return current, [(k, v) for k, v in row.headers if k != telemetry.HOP_HEADER] + [hop]
 
 
-async def _stop_quietly(producer: AIOKafkaProducer, timeout_s: float) -> None:
+def _rewind_sequence(producer: AIOKafkaProducer, topic: str, partition: int, records: int) -> None:
+    """Give back the sequence numbers of a batch the broker refused without writing it.
+
+    aiokafka numbers a batch's records when it sends it and never takes the numbers back, so
+    after a refused batch (too large, say) the partition's next batch leaves a gap, which the
+    broker answers with OutOfOrderSequenceNumber until the producer is replaced (the Java
+    client adjusts its sequences after such a failure). Exact because this publisher has one
+    batch per partition in flight at a time and waits for its outcome.
+    """
+    manager = producer._txn_manager  # aiokafka keeps idempotence state there, no public API
+    if manager is not None:
+        manager.increment_sequence_number(TopicPartition(topic, partition), -records)
+
+
+async def _discard(producer: AIOKafkaProducer, timeout_s: float) -> None:
+    """Close ``producer``, flushing what it holds within ``timeout_s``.
+
+    An idempotent producer never gives a batch up, and ``stop`` waits for every one: with a
+    frozen leader it waits for ever, and cancelled it leaves its sender task retrying and its
+    connections open (one more zombie per outage). So past the deadline the producer is closed
+    without flushing: its batches' rows were released and go again with the next producer (a
+    duplicate at worst, which the consumers' inbox absorbs).
+    """
     with contextlib.suppress(KafkaError, TimeoutError, OSError):
         await asyncio.wait_for(producer.stop(), timeout_s)
+        return
+    # aiokafka has no public way to abandon its batches: end the sender task (it lets its
+    # requests in flight finish first), then close the connections. Best effort: whatever
+    # goes wrong in a producer being thrown away must not stop the relay.
+    try:
+        if producer._sender is not None:
+            await asyncio.wait_for(producer._sender.close(), timeout_s)
+    except Exception as error:
+        log.debug("discarding a producer: its sender ended with %s", type(error).__name__)
+    try:
+        await asyncio.wait_for(producer.client.close(), timeout_s)
+    except Exception as error:
+        log.debug("discarding a producer: closing its client: %s", type(error).__name__)

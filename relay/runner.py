@@ -319,8 +319,7 @@ class Relay:
                 failed_keys = outcome.failed_keys | self._settling.failed_keys
                 await self._settling.replace(rows, outcome.failed_keys, self._settle(outcome))
             if outcome.outage is not None:
-                await self.publisher.reset()
-                raise KafkaUnavailable(str(outcome.outage) or type(outcome.outage).__name__)
+                raise await self.publisher.recreate(outcome.outage)
             self.kafka.succeeded()
             rows = [row for row in next_rows if row.key is None or row.key not in failed_keys]
         return total

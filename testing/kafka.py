@@ -4,6 +4,7 @@ There is no Docker engine on every machine, so outboxkit ships this launcher: ``
 ``org.apache.kafka:kafka_2.13`` broker and a log4j2 binding into a cache folder once, then each
 broker gets a freshly formatted data directory and listens on 127.0.0.1 only. Internal topics use
 replication factor and min ISR 1, so idempotent and transactional producers work on one node.
+:mod:`.kafka_cluster` runs three of these nodes as one replicated cluster.
 
 ``KafkaBroker(security=...)`` secures the client listener: ``"ssl"`` (TLS), ``"mtls"`` (TLS with
 client certificates required) or ``"sasl_ssl"`` (TLS and SASL SCRAM-SHA-512, SCRAM-SHA-256 or
@@ -19,6 +20,7 @@ import base64
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -32,7 +34,7 @@ from typing import Any, Literal
 from outboxkit.outbox.kafka_settings import KafkaSettings
 from outboxkit.testing.certificates import Certificates, make_certificates
 from outboxkit.testing.maven import MavenError, cache_root, copy_dependencies
-from outboxkit.testing.processes import terminate
+from outboxkit.testing.processes import kill, terminate
 
 KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.24.3"
@@ -105,7 +107,8 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (base64 of 16 bytes, as ``kafka-storage random-uuid``)."""
     while True:
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         if not cluster_id.startswith("-"):
@@ -113,7 +116,9 @@ def _cluster_id() -> str:
 
 
 class KafkaBroker:
-    """One single-node KRaft broker on 127.0.0.1; ``start`` and ``stop`` may be repeated.
+    """One KRaft node (broker and controller) on 127.0.0.1; ``start`` and ``stop`` may be
+    repeated. Alone it is a single-node cluster; :class:`~outboxkit.testing.kafka_cluster.
+    KafkaCluster` makes nodes of one cluster with ``node_id``, ``quorum`` and ``cluster_id``.
 
     A restart keeps the data directory and the port, as a real broker restart would.
     """
@@ -125,11 +130,28 @@ class KafkaBroker:
         auto_create_topics: bool = True,
         log_level: str = "WARN",
         security: Security | None = None,
+        *,
+        node_id: int = 1,
+        controller_port: int | None = None,
+        quorum: str | None = None,
+        cluster_id: str | None = None,
+        replication: int = 1,
+        heap: str = "512m",
+        extra_properties: dict[str, str] | None = None,
+        jvm_options: tuple[str, ...] = (),
     ) -> None:
         if security is not None and security not in SECURITY_MODES:
             raise ValueError(f"security must be one of {', '.join(SECURITY_MODES)} or None")
         self.port = port or free_port()
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
+        self.node_id = node_id
+        # ``controller.quorum.voters``: this node alone unless it is one of a cluster.
+        self.quorum = quorum or f"{node_id}@127.0.0.1:{self.controller_port}"
+        self.cluster_id = cluster_id or new_cluster_id()
+        self.replication = replication
+        self.heap = heap
+        self.extra_properties = dict(extra_properties or {})
+        self.jvm_options = jvm_options
         self.security = security
         self.internal_port = free_port() if security else None
         # A throwaway secret of a throwaway broker: clients need it, so it is shown.
@@ -140,6 +162,7 @@ class KafkaBroker:
         self.log_level = log_level
         self._process: subprocess.Popen[bytes] | None = None
         self._formatted = False
+        self._frozen = False
 
     @property
     def bootstrap(self) -> str:
@@ -176,6 +199,11 @@ class KafkaBroker:
         return KafkaSettings(**given)
 
     @property
+    def min_insync(self) -> int:
+        """``min.insync.replicas``: 2 when the data has replicas, else 1."""
+        return 2 if self.replication > 1 else 1
+
+    @property
     def log_file(self) -> Path:
         """The broker's log file."""
         return self.data_dir / "server.log"
@@ -184,8 +212,8 @@ class KafkaBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         properties = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum,
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
             ),
@@ -196,17 +224,20 @@ class KafkaBroker:
             "log.dirs": str(self.data_dir / "logs"),
             "num.partitions": "1",
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(self.replication),
+            "min.insync.replicas": str(self.min_insync),
+            "offsets.topic.replication.factor": str(self.replication),
             "offsets.topic.num.partitions": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.replication),
+            "transaction.state.log.min.isr": str(self.min_insync),
             "transaction.state.log.num.partitions": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(self.replication),
+            "share.coordinator.state.topic.min.isr": str(self.min_insync),
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.dedupe.buffer.size": "1048577",
         }
         properties.update(self._security_properties())
+        properties.update(self.extra_properties)
         config = self.data_dir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
         (self.data_dir / "log4j2.properties").write_text(
@@ -268,49 +299,26 @@ class KafkaBroker:
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Start the broker and return once it answers a metadata request."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the broker's process (formatting its storage the first time) and return at
+        once: a node of a cluster answers only once a majority of controllers runs."""
         if self._process is not None:
             raise KafkaLauncherError("broker already running")
-        if shutil.which("java") is None:
-            raise KafkaLauncherError("java is not installed: Kafka needs Java 17")
-        for port in (self.port, self.controller_port, self.internal_port):
-            if port is not None and not port_is_free(port):
-                raise KafkaLauncherError(f"port {port} on 127.0.0.1 is already in use")
-        libs = fetch_jars()
-        config = self._write_config()
-        classpath = f"{libs}/*"
-        log_option = f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}"
-        if not self._formatted:
-            result = subprocess.run(
-                [
-                    "java",
-                    log_option,
-                    "-cp",
-                    classpath,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-t",
-                    _cluster_id(),
-                    "-c",
-                    str(config),
-                    "--ignore-formatted",
-                    *self._scram_users(),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if result.returncode != 0:
-                raise KafkaLauncherError(f"kafka storage format failed: {result.stderr[-2000:]}")
-            self._formatted = True
+        self.format()
+        config = self.data_dir / "server.properties"
         stdout = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - lives with the process
         self._process = subprocess.Popen(
             [
                 "java",
-                "-Xms256m",
-                "-Xmx512m",
-                log_option,
+                "-Xms128m",
+                f"-Xmx{self.heap}",
+                *self.jvm_options,
+                self._log_option,
                 "-cp",
-                classpath,
+                self._classpath,
                 "kafka.Kafka",
                 str(config),
             ],
@@ -319,9 +327,54 @@ class KafkaBroker:
             start_new_session=True,
         )
         stdout.close()
-        self._wait_ready(timeout)
 
-    def _wait_ready(self, timeout: float) -> None:
+    @property
+    def _log_option(self) -> str:
+        return f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}"
+
+    @property
+    def _classpath(self) -> str:
+        return f"{fetch_jars()}/*"
+
+    def format(self) -> None:
+        """Write the configuration and, the first time, format the storage with the cluster
+        id (``kafka-storage format``); checks Java and the ports first."""
+        if shutil.which("java") is None:
+            raise KafkaLauncherError("java is not installed: Kafka needs Java 17")
+        if self._process is None:
+            for port in (self.port, self.controller_port, self.internal_port):
+                if port is not None and not port_is_free(port):
+                    raise KafkaLauncherError(f"port {port} on 127.0.0.1 is already in use")
+        config = self._write_config()
+        if self._formatted:
+            return
+        result = subprocess.run(
+            [
+                "java",
+                "-XX:TieredStopAtLevel=1",  # a short-lived tool: the quick compiler is enough
+                self._log_option,
+                "-cp",
+                self._classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                self.cluster_id,
+                "-c",
+                str(config),
+                "--ignore-formatted",
+                *self._scram_users(),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise KafkaLauncherError(f"kafka storage format failed: {result.stderr[-2000:]}")
+        self._formatted = True
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once the broker answers a metadata request; stop it and raise
+        :class:`KafkaLauncherError` if it exits or is not ready within ``timeout``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
@@ -340,11 +393,48 @@ class KafkaBroker:
         started)."""
         return None if self._process is None else self._process.poll()
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (or is frozen), else ``None``."""
+        return self._process.pid if self.running and self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker's process runs (a frozen one too)."""
+        return self.exit_code is None and self._process is not None
+
+    @property
+    def frozen(self) -> bool:
+        """Whether the broker is frozen (SIGSTOP) by :meth:`freeze`."""
+        return self._frozen
+
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the broker with SIGTERM (SIGKILL after ``timeout``); the data dir stays."""
+        """Stop the broker with SIGTERM, a clean shutdown (SIGKILL after ``timeout``); the
+        data dir stays."""
+        self.thaw()  # a frozen process would not act on SIGTERM
         process, self._process = self._process, None
         if process is not None:
             terminate(process, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; the data dir stays."""
+        process, self._process = self._process, None
+        self._frozen = False
+        if process is not None:
+            kill(process)
+
+    def freeze(self) -> None:
+        """SIGSTOP the broker: its sockets stay open and nothing answers (the hardest case for
+        clients), until :meth:`thaw`."""
+        if self._process is not None and self.exit_code is None:
+            self._process.send_signal(signal.SIGSTOP)
+            self._frozen = True
+
+    def thaw(self) -> None:
+        """SIGCONT a broker frozen by :meth:`freeze`."""
+        if self._frozen and self._process is not None and self.exit_code is None:
+            self._process.send_signal(signal.SIGCONT)
+        self._frozen = False
 
     def restart(self) -> None:
         """Stop and start again on the same port with the same data."""
@@ -405,16 +495,18 @@ async def _metadata_ok(kafka: KafkaSettings) -> bool:
         await client.close()
 
 
-async def create_topic(kafka: KafkaSettings | str, topic: str, partitions: int = 1) -> None:
-    """Create ``topic`` with ``partitions`` partitions (replication factor 1) up front, so no
-    consumer waits for it to appear in the metadata. ``kafka``: the broker's settings, or the
-    bootstrap address of a PLAINTEXT broker."""
+async def create_topic(
+    kafka: KafkaSettings | str, topic: str, partitions: int = 1, replication: int = 1
+) -> None:
+    """Create ``topic`` with ``partitions`` partitions (``replication`` copies of each) up
+    front, so no consumer waits for it to appear in the metadata. ``kafka``: the broker's
+    settings, or the bootstrap address of a PLAINTEXT broker or cluster."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     settings = kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap=kafka)
     admin = AIOKafkaAdminClient(**settings.client_options("outboxkit-launcher"))
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
+        await admin.create_topics([NewTopic(topic, partitions, replication)])
     finally:
         await admin.close()

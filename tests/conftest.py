@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from outboxkit.migrations.runner import upgrade
 from outboxkit.testing.kafka import KafkaBroker, broker_from_env
+from outboxkit.testing.kafka_cluster import KafkaCluster
 from outboxkit.testing.pgbouncer import PgBouncer, running_pgbouncer
 from outboxkit.testing.postgres import TlsCluster, server_url, throwaway_database, tls_cluster
 
@@ -22,7 +23,16 @@ from tests.support.kafka import broker_of_its_own
 # Tests that use any of these need a real broker or PostgreSQL server: they are marked
 # ``integration``, so ``pytest -m "not integration"`` is the fast lane.
 INTEGRATION_FIXTURES = frozenset(
-    {"kafka_bootstrap", "own_kafka", "pg_url", "tls_pg", "pgbouncer", "pgbouncer_url", "ha_cluster"}
+    {
+        "kafka_bootstrap",
+        "own_kafka",
+        "kafka_cluster",
+        "pg_url",
+        "tls_pg",
+        "pgbouncer",
+        "pgbouncer_url",
+        "ha_cluster",
+    }
 )
 
 
@@ -49,6 +59,19 @@ def own_kafka() -> Iterator[KafkaBroker]:
     """A broker of the test's own, for tests that stop and restart it."""
     with broker_of_its_own() as broker:
         yield broker
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """A three-node KRaft cluster (replication factor 3, min.insync.replicas 2) for one test
+    module, whose nodes its tests may kill, stop, restart and freeze (leaving them running)."""
+    cluster = KafkaCluster()
+    cluster.start()
+    print(f"\nthree-node Kafka cluster started in {cluster.start_seconds:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="session")

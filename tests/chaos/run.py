@@ -17,6 +17,14 @@ until the run's operator fixes it and replays its letter (``outboxkit dlq replay
 :data:`REPLAY_EVERY_S` seconds and at the end), so keys are blocked, their later steps held and
 released again all through the faults, and every key's effects must still be in outbox order.
 
+``--cluster`` runs any of them on a three-node Kafka cluster (replication factor 3,
+``min.insync.replicas`` 2; :mod:`outboxkit.testing.kafka_cluster`) and adds its faults: a
+partition leader killed with SIGKILL and started again (``--leader-kills``), a leader frozen
+with SIGSTOP until the cluster moves its partitions away, then thawed (``--freezes``), and
+rolling restarts of every node, each once the replicas are in sync (``--rolling-restarts``).
+``--broker-restarts`` then restarts the whole cluster. The relays and consumers are given every
+node's address.
+
 Poison records (:mod:`tests.chaos.poison`) go in after every 1,000 committed events and must all
 be dead-lettered, and one handler call hangs once (:mod:`tests.chaos.app`) until the handler
 timeout frees it. A process is sent SIGTERM only once it logged its started line (its signal
@@ -24,6 +32,8 @@ handlers are in place from then on), and must exit 0.
 
     python -m tests.chaos.run --events 200000 --mode logical --wal-messages \
         --relay-kills 50 --consumer-kills 50 --broker-restarts 2 --database-cuts 2 --slot-drops 1
+    python -m tests.chaos.run --events 100000 --cluster --leader-kills 20 --freezes 5 \
+        --rolling-restarts 5 --broker-restarts 0
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from outboxkit.consumers.tables import consumer_held_events, consumer_sequences
 from outboxkit.outbox.db import make_engine
 from outboxkit.outbox.tables import outbox_events
 from outboxkit.testing.kafka import KafkaBroker, create_topic
+from outboxkit.testing.kafka_cluster import KafkaCluster
 from outboxkit.testing.postgres import throwaway_database
 from outboxkit.testing.processes import kill, start_cli, terminate
 from sqlalchemy import Table, func, select, text
@@ -80,6 +91,9 @@ class Summary:
     broker_restarts: int = 0
     database_cuts: int = 0
     slot_drops: int = 0
+    leader_kills: int = 0
+    leader_freezes: int = 0
+    rolling_restarts: int = 0
     lost_events: int = 0
     duplicate_effects: int = 0
     keys_out_of_order: int = 0
@@ -112,6 +126,13 @@ class Faults:
     broker_restarts: int = 1
     database_cuts: int = 1
     slot_drops: int = 0
+    leader_kills: int = 0  # the cluster variant's faults
+    leader_freezes: int = 0
+    rolling_restarts: int = 0
+
+    def for_cluster(self) -> bool:
+        """Whether any fault needs the three-node cluster."""
+        return bool(self.leader_kills or self.leader_freezes or self.rolling_restarts)
 
 
 class Fleet:
@@ -255,6 +276,7 @@ def run_chaos(
     mode: str = "poll",
     wal_messages: bool = False,
     sequence: bool = False,
+    cluster: bool = False,
 ) -> Summary:
     """Run the whole scenario and return its summary (``problems`` empty when all held).
 
@@ -262,6 +284,7 @@ def run_chaos(
     ``wal_messages`` (logical mode): the producers write WAL messages sent with the COMMIT.
     ``sequence``: the consumers keep each key's order behind a dead letter, bad steps are
     fixed and replayed by the run's operator (see the module's notes).
+    ``cluster``: a three-node Kafka cluster instead of one broker (see the module's notes).
     ``drain_timeout`` is a quiet machine's figure (:func:`~tests.support.waits.scaled`).
     """
     global committed_rows
@@ -269,15 +292,20 @@ def run_chaos(
         raise ValueError("WAL messages need the logical mode")
     if faults.slot_drops and mode != "logical":
         raise ValueError("slot drops need the logical mode")
+    if faults.for_cluster() and not cluster:
+        raise ValueError("leader kills, freezes and rolling restarts need the cluster")
     workdir = workdir or Path(tempfile.mkdtemp(prefix="outboxkit-chaos-"))
     rng = random.Random(seed)
     variant = (
-        mode + (" + WAL messages" if wal_messages else "") + (" + sequence" if sequence else "")
+        mode
+        + (" + WAL messages" if wal_messages else "")
+        + (" + sequence" if sequence else "")
+        + (" + cluster" if cluster else "")
     )
     summary = Summary(seed=seed, variant=variant)
     started = time.monotonic()
     topic = f"chaos-{seed}-{rng.randrange(16**6):06x}"
-    broker = KafkaBroker()
+    broker: KafkaBroker | KafkaCluster = KafkaCluster() if cluster else KafkaBroker()
     broker.start()
     try:
         with throwaway_database("outboxkit_chaos") as db_url:
@@ -291,7 +319,8 @@ def run_chaos(
                         conn.exec_driver_sql(LEDGER_TRIGGER)
                 committed_rows = chaos_ledger
             engine.dispose()
-            asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS))
+            replicas = 3 if cluster else 1
+            asyncio.run(create_topic(broker.bootstrap, topic, PARTITIONS, replicas))
             policy = "sequence" if sequence else "continue"
             fleet = Fleet(db_url, broker.bootstrap, topic, workdir, mode, policy)
             operator = Operator(fleet, workdir, summary) if sequence else None
@@ -356,6 +385,9 @@ class _Run:
             "broker": faults.broker_restarts,
             "cut": faults.database_cuts,
             "slot": faults.slot_drops,
+            "leader": faults.leader_kills,
+            "freeze": faults.leader_freezes,
+            "rolling": faults.rolling_restarts,
         }
         done = dict.fromkeys(quota, 0)
         kill_quota = quota["relay"] + quota["consumer"]
@@ -374,7 +406,7 @@ class _Run:
             # The rare faults are spread over the run: each waits for its share of the kills.
             rare = [
                 kind
-                for kind in ("broker", "cut", "slot")
+                for kind in ("broker", "cut", "slot", "leader", "freeze", "rolling")
                 if done[kind] < quota[kind]
                 and progress > 0
                 and kills_done >= (done[kind] + 0.5) / quota[kind]
@@ -394,6 +426,8 @@ class _Run:
             summary.relay_kills, summary.consumer_kills = done["relay"], done["consumer"]
             summary.broker_restarts, summary.database_cuts = done["broker"], done["cut"]
             summary.slot_drops = done["slot"]
+            summary.leader_kills, summary.leader_freezes = done["leader"], done["freeze"]
+            summary.rolling_restarts = done["rolling"]
 
     def _relay(self) -> bool:
         return self._kill(self.rng.choice(["relay-1", "relay-2"]))
@@ -414,6 +448,41 @@ class _Run:
         self.broker.stop()
         time.sleep(self.rng.uniform(1.0, 3.0))
         self.broker.start()
+        return True
+
+    def _cluster(self) -> KafkaCluster:
+        assert isinstance(self.broker, KafkaCluster)
+        # As an operator would: a fault only once every replica is back in sync (two nodes
+        # down at once would stop every acks=all write, a test of its own).
+        self.broker.wait_in_sync([self.fleet.topic], scaled(120))
+        return self.broker
+
+    def _leader(self) -> bool:
+        """Kill the leader of a random partition with SIGKILL, start it again soon after."""
+        cluster = self._cluster()
+        leader = cluster.leader(self.fleet.topic, self.rng.randrange(PARTITIONS))
+        leader.kill()
+        time.sleep(self.rng.uniform(1.0, 5.0))
+        leader.start()
+        return True
+
+    def _freeze(self) -> bool:
+        """Freeze the leader of a random partition (SIGSTOP: its sockets stay open and silent)
+        until the cluster has moved that partition away, a little longer at times; thaw it."""
+        cluster = self._cluster()
+        partition = self.rng.randrange(PARTITIONS)
+        leader = cluster.leader(self.fleet.topic, partition)
+        leader.freeze()
+        try:
+            cluster.wait_leader_moved(self.fleet.topic, partition, leader, scaled(60))
+            time.sleep(self.rng.uniform(0.0, 10.0))
+        finally:
+            leader.thaw()
+        return True
+
+    def _rolling(self) -> bool:
+        """Restart every node, one after the other, as an upgrade is rolled out."""
+        self._cluster().rolling_restart([self.fleet.topic])
         return True
 
     def _cut(self) -> bool:
@@ -705,6 +774,10 @@ def main() -> None:
     parser.add_argument("--broker-restarts", type=int, default=1)
     parser.add_argument("--database-cuts", type=int, default=1)
     parser.add_argument("--slot-drops", type=int, default=0, help="logical mode only")
+    parser.add_argument("--cluster", action="store_true", help="a three-node Kafka cluster")
+    parser.add_argument("--leader-kills", type=int, default=None, help="--cluster (default 3)")
+    parser.add_argument("--freezes", type=int, default=None, help="--cluster (default 2)")
+    parser.add_argument("--rolling-restarts", type=int, default=None, help="--cluster (default 1)")
     parser.add_argument("--drain-timeout", type=float, default=3600.0, help="seconds")
     parser.add_argument("--workdir", type=Path, help="for the logs (default: a new temp dir)")
     args = parser.parse_args()
@@ -714,12 +787,27 @@ def main() -> None:
         parser.error("counts must not be negative")
     if min(args.database_cuts, args.slot_drops) < 0:
         parser.error("counts must not be negative")
+    cluster_faults = (args.leader_kills, args.freezes, args.rolling_restarts)
+    if not args.cluster and any(count is not None for count in cluster_faults):
+        parser.error("--leader-kills, --freezes and --rolling-restarts need --cluster")
+    leader_kills, freezes, rolling = (
+        (3 if args.leader_kills is None else args.leader_kills),
+        (2 if args.freezes is None else args.freezes),
+        (1 if args.rolling_restarts is None else args.rolling_restarts),
+    )
+    if not args.cluster:
+        leader_kills = freezes = rolling = 0
+    if min(leader_kills, freezes, rolling) < 0:
+        parser.error("counts must not be negative")
     faults = Faults(
         args.relay_kills,
         args.consumer_kills,
         args.broker_restarts,
         args.database_cuts,
         args.slot_drops,
+        leader_kills,
+        freezes,
+        rolling,
     )
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -732,6 +820,7 @@ def main() -> None:
         args.mode,
         args.wal_messages,
         args.sequence,
+        args.cluster,
     )
     for name, value in asdict(summary).items():
         print(f"{name:45} {value}")

@@ -2,6 +2,8 @@
 variants; the logical ones with a CPU burner taking one core beside them, as on a busy machine,
 and one replication slot drop (``OUTBOXKIT_CHAOS_SLOT_DROPS``, default 1). The sequence variant
 (poll mode, half the events) keeps each key's order behind dead letters fixed and replayed.
+The cluster variant runs small (3,000 events) on a three-node Kafka cluster; bigger runs by hand
+(``python -m tests.chaos.run --cluster``).
 """
 
 from __future__ import annotations
@@ -107,3 +109,34 @@ def check_chaos(
     assert summary.poison_dead_lettered == summary.poison_records
     assert summary.handler_hangs == 1
     return summary
+
+
+CLUSTER_RUN_S = 300
+"""The bound of the small cluster run on a quiet machine (it took 110 s beside other suites)."""
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(scaled(CLUSTER_RUN_S))
+def test_every_committed_event_applied_exactly_once_while_cluster_leaders_change(
+    tmp_path: Path,
+) -> None:
+    """The ``--cluster`` variant, small: 3,000 events on a three-node cluster, a partition
+    leader killed and started again and one frozen, besides relay and consumer kills."""
+    faults = Faults(
+        relay_kills=2,
+        consumer_kills=2,
+        broker_restarts=0,
+        database_cuts=0,
+        leader_kills=1,
+        leader_freezes=1,
+    )
+    seed = int(os.environ.get("OUTBOXKIT_CHAOS_SEED", "20261130"))
+    summary = run_chaos(3000, seed, faults, tmp_path, drain_timeout=300, cluster=True)
+    print(f"\nchaos summary ({summary.variant}):", asdict(summary))
+    assert summary.problems == []
+    assert summary.lost_events == 0 and summary.duplicate_effects == 0
+    assert summary.keys_out_of_order == 0 and summary.outbox_rows_left == 0
+    assert summary.effect_rows == summary.committed_events >= 3000
+    assert summary.leader_kills == 1 and summary.leader_freezes == 1
+    assert summary.poison_dead_lettered == summary.poison_records

@@ -5,6 +5,7 @@ is not serving. Real processes and a real broker."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import pytest
 from outboxkit.testing.processes import terminate
 
 from tests.support.kafka import wait_for
+from tests.support.waits import scaled
 
 CLI = [sys.executable, "-c", "from outboxkit.cli.main import main; main()", "dev", "kafka"]
 
@@ -101,3 +103,55 @@ async def test_a_broker_that_dies_after_start_ends_the_command_with_exit_2(
     assert process.returncode == 2, err.read_text()
     lines = err.read_text().strip().splitlines()
     assert len(lines) == 1 and "the broker exited with -9" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--brokers", "2"], "2 brokers: give 1 or 3"),
+        (["--brokers", "3", "--security", "ssl"], "--security works with one broker only"),
+        (["--brokers", "3", "--port", "65534"], "out of range"),
+    ],
+)
+def test_a_cluster_it_cannot_make_is_refused_in_one_line(args: list[str], says: str) -> None:
+    assert_one_line_exit_2(run_dev_kafka(args, dict(os.environ)), says)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs java")
+@pytest.mark.timeout(scaled(240))
+async def test_a_three_node_cluster_restarts_a_killed_node_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        process = subprocess.Popen([*CLI, "--brokers", "3"], stdout=stdout, stderr=stderr)
+    try:
+        await wait_for(
+            lambda: (out.read_text(), process.poll()),
+            lambda seen: "started in" in seen[0] or seen[1] is not None,
+            120,
+            "dev kafka --brokers 3 ready",
+        )
+        text = out.read_text()
+        (bootstrap,) = re.findall(r"^ready: (\S+)$", text, re.M)
+        assert len(bootstrap.split(",")) == 3
+        nodes = dict(re.findall(r"^node (\d): \S+ pid (\d+)", text, re.M))
+        assert sorted(nodes) == ["1", "2", "3"]
+        assert sorted(_java_children(process.pid)) == sorted(map(int, nodes.values()))
+        assert "replication factor 3, min.insync.replicas 2" in text
+        os.kill(int(nodes["2"]), signal.SIGKILL)  # a crash, tried by hand
+        await wait_for(
+            out.read_text, lambda seen: "(restarted)" in seen, 120, "node 2 started again"
+        )
+        assert "node 2 exited with -9; starting it again" in err.read_text()
+        assert process.poll() is None
+    finally:
+        code = terminate(process)
+    assert code == 0, err.read_text()
+    restarted = re.findall(r"^node 2: \S+ pid (\d+) \(restarted\)", out.read_text(), re.M)
+    for pid in [*nodes.values(), *restarted]:  # every node, the restarted one too, ended
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or b"kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
