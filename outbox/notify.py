@@ -67,7 +67,8 @@ async def listening(
             timeout=address.timeout_or(connect_timeout_s),
             **asyncpg_connect_args(db_url),
         )
-    except asyncpg.PostgresError as error:
+    except (asyncpg.PostgresError, asyncpg.TargetServerAttributeNotMatched) as error:
+        # no host matched target_session_attrs: mid-switchover, none is the primary yet
         raise ListenRefusedError(str(error)) from error
     try:
         lost = asyncio.Event()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outboxkit.outbox.errors import InvalidDatabaseUrlError, OutboxError
+from outboxkit.outbox.hosts import with_libpq_hosts_read
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL, make_url
 
@@ -85,7 +86,7 @@ def _unnamed() -> str:
 
 def pooler_setting(url: str | URL) -> PoolerSetting:
     """Read a URL's pooler parameters (:class:`InvalidDatabaseUrlError`, one line, if bad)."""
-    query = make_url(url).query
+    query = _parsed(url).query
     mode = _single(query, POOLER)
     if mode is not None and mode != TRANSACTION:
         raise InvalidDatabaseUrlError(
@@ -113,7 +114,12 @@ def _single(query: Mapping[str, str | tuple[str, ...]], name: str) -> str | None
 
 def without_pooler(url: str | URL) -> URL:
     """``url`` without outboxkit's pooler parameters: what a driver may be given."""
-    return make_url(url).difference_update_query(PARAMETERS)
+    return _parsed(url).difference_update_query(PARAMETERS)
+
+
+def _parsed(url: str | URL) -> URL:
+    """``url`` parsed, libpq's multi-host form (``h1:p1,h2:p2``) included."""
+    return make_url(with_libpq_hosts_read(url)) if isinstance(url, str) else url
 
 
 def listen_url(url: str | URL) -> URL | None:

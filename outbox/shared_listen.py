@@ -74,12 +74,15 @@ class _Shared:
                     outage = True
                     log.warning("LISTEN connection lost (%s), polling meanwhile", where)
                     self.wake_all()
-            except LISTEN_ERRORS as error:
+            except Exception as error:  # whatever it is, the listeners poll meanwhile
+                # LISTEN_ERRORS are the expected outages; anything else is said with its type
+                # (it would otherwise end this task, and LISTEN with it, without a word).
                 self.up = False
                 failures += 1
                 if not outage:
                     outage = True
-                    log.warning("LISTEN unavailable (%s), polling meanwhile: %s", where, error)
+                    reason = error if isinstance(error, LISTEN_ERRORS) else type(error).__name__
+                    log.warning("LISTEN unavailable (%s), polling meanwhile: %s", where, reason)
                 self.first_try.set()
                 await asyncio.sleep(RECONNECT_BACKOFF.delay(failures))
 
