@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outboxkit.outbox.errors import InvalidDatabaseUrlError, OutboxError
+from outboxkit.outbox.hosts import with_libpq_hosts_read
 from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL, make_url
 
@@ -85,7 +86,7 @@ def _unnamed() -> str:
 
 def pooler_setting(url: str | URL) -> PoolerSetting:
     """Read a URL's pooler parameters (:class:`InvalidDatabaseUrlError`, one line, if bad)."""
-    query = make_url(url).query
+    query = _parsed(url).query
     mode = _single(query, POOLER)
     if mode is not None and mode != TRANSACTION:
         raise InvalidDatabaseUrlError(
@@ -104,6 +105,11 @@ def pooler_setting(url: str | URL) -> PoolerSetting:
     return PoolerSetting(mode == TRANSACTION, host, port)
 
 
+def _parsed(url: str | URL) -> URL:
+    # libpq's multi-host authority (h1:p1,h2:p2) is more than make_url reads.
+    return make_url(with_libpq_hosts_read(url)) if isinstance(url, str) else url
+
+
 def _single(query: Mapping[str, str | tuple[str, ...]], name: str) -> str | None:
     value = query.get(name)
     if isinstance(value, tuple):
@@ -113,7 +119,7 @@ def _single(query: Mapping[str, str | tuple[str, ...]], name: str) -> str | None
 
 def without_pooler(url: str | URL) -> URL:
     """``url`` without outboxkit's pooler parameters: what a driver may be given."""
-    return make_url(url).difference_update_query(PARAMETERS)
+    return _parsed(url).difference_update_query(PARAMETERS)
 
 
 def listen_url(url: str | URL) -> URL | None:
