@@ -114,9 +114,7 @@ async def run(seconds: float, held: float, producers: int) -> None:
             await asyncio.sleep(seconds / 2)
             await asyncio.to_thread(pair.promote, open_door=False)
             old.stop()
-            new = Producers(
-                pair.direct_url(pair.primary, name), topic, producers, FIRST_ON_NEW_PRIMARY
-            )
+            new = Producers(pair.primary.url(name), topic, producers, FIRST_ON_NEW_PRIMARY)
             await asyncio.sleep(held)  # the relay reaches no server meanwhile
             pair.open_door()
             await asyncio.sleep(seconds / 2)

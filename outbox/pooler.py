@@ -105,6 +105,11 @@ def pooler_setting(url: str | URL) -> PoolerSetting:
     return PoolerSetting(mode == TRANSACTION, host, port)
 
 
+def _parsed(url: str | URL) -> URL:
+    # libpq's multi-host authority (h1:p1,h2:p2) is more than make_url reads.
+    return make_url(with_libpq_hosts_read(url)) if isinstance(url, str) else url
+
+
 def _single(query: Mapping[str, str | tuple[str, ...]], name: str) -> str | None:
     value = query.get(name)
     if isinstance(value, tuple):
@@ -115,11 +120,6 @@ def _single(query: Mapping[str, str | tuple[str, ...]], name: str) -> str | None
 def without_pooler(url: str | URL) -> URL:
     """``url`` without outboxkit's pooler parameters: what a driver may be given."""
     return _parsed(url).difference_update_query(PARAMETERS)
-
-
-def _parsed(url: str | URL) -> URL:
-    """``url`` parsed, libpq's multi-host form (``h1:p1,h2:p2``) included."""
-    return make_url(with_libpq_hosts_read(url)) if isinstance(url, str) else url
 
 
 def listen_url(url: str | URL) -> URL | None:

@@ -153,10 +153,8 @@ def tls_cluster() -> Iterator[TlsCluster]:
             "hostssl all all ::1/128 scram-sha-256\n"
         )
         cluster.start()
-        _run(
-            "runuser", "-u", "postgres", "--", "psql", "-q", "-p", str(port), "-c",
-            f"ALTER USER postgres PASSWORD '{cluster.password}'",
-        )  # fmt: skip
+        sql = f"ALTER USER postgres PASSWORD '{cluster.password}'"
+        _as_postgres("psql", "-q", "-p", str(port), "-c", sql)
         yield cluster
     finally:
         subprocess.run(
@@ -183,7 +181,17 @@ def _pg_ctlcluster(version: str, name: str, *args: str) -> None:
     _run("pg_ctlcluster", "--skip-systemctl-redirect", version, name, *args)
 
 
-def _run(*command: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def _run(*command: str, env: dict[str, str] | None = None) -> str:
+    """Run ``command``; return what it printed, stripped. Raises :class:`RuntimeError` naming
+    the command, with its error output."""
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} failed: {done.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(command[:6])} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _as_postgres(*command: str, password: str | None = None) -> str:
+    """:func:`_run` ``command`` as the ``postgres`` user (``PGPASSWORD`` set to ``password``
+    if given)."""
+    env = {**os.environ, "PGPASSWORD": password} if password is not None else None
+    return _run("runuser", "-u", "postgres", "--", *command, env=env)

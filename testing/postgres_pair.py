@@ -6,8 +6,11 @@ the standby a ``pg_basebackup -R`` copy of the primary, and a TCP front door
 HAProxy routing by health check would. :meth:`FailoverPair.promote` stops the primary
 (immediate shutdown: a crash), promotes the standby and points the front door at it, closing
 the connections it carried; :meth:`FailoverPair.add_standby` makes a new standby of the
-current primary. Logical slots are not copied to a standby before PostgreSQL 17, so a
-promotion takes them: what the relay must notice (docs/relay.md, "Failover").
+current primary. Each :class:`Cluster` is also at hand on its own (its port and URL, ``stop``,
+``start``, ``psql``, ``promote`` leaving the front door alone), for tests that list the hosts
+in a URL themselves (tests/outbox/test_multi_host.py). Logical slots are not copied to a
+standby before PostgreSQL 17, so a promotion takes them: what the relay must notice
+(docs/relay.md, "Failover").
 
 Needs root and ``postgresql-common`` (the servers run as the ``postgres`` user).
 """
@@ -27,7 +30,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outboxkit.testing.postgres import _free_port, _newest_postgres_version, _pg_ctlcluster, _run
+from outboxkit.testing.postgres import (
+    _as_postgres,
+    _free_port,
+    _newest_postgres_version,
+    _pg_ctlcluster,
+    _run,
+)
 
 PASSWORD = "postgres"
 
@@ -96,51 +105,83 @@ def _close(sock: socket.socket) -> None:
 
 
 @dataclass
+class Cluster:
+    """One Debian cluster: ``version``/``name`` for ``pg_ctlcluster``, listening on ``port``."""
+
+    version: str
+    name: str
+    port: int
+
+    def url(self, database: str = "postgres") -> str:
+        """A URL of this cluster alone (not through the front door)."""
+        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        """Start the server."""
+        _pg_ctlcluster(self.version, self.name, "start")
+
+    def stop(self, *, crash: bool = False) -> None:
+        """Stop the server: a fast shutdown (open connections are closed), or with ``crash``
+        an immediate one (no shutdown checkpoint, as if the host died)."""
+        _pg_ctlcluster(self.version, self.name, "stop", "-m", "immediate" if crash else "fast")
+
+    def promote(self) -> None:
+        """Ask a standby to become a primary; :meth:`in_recovery` turns false when it has.
+        Whatever points clients at it (the pair's front door) is left as it is."""
+        _pg_ctlcluster(self.version, self.name, "promote")
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run ``sql`` as the postgres superuser; return what it printed (unaligned)."""
+        return _as_postgres("psql", "-XAtq", "-p", str(self.port), "-d", database, "-c", sql)
+
+    def in_recovery(self) -> bool | None:
+        """Whether the server is a standby; ``None`` while it does not answer."""
+        try:
+            return self.psql("SELECT pg_is_in_recovery()") == "t"
+        except RuntimeError:
+            return None
+
+
+@dataclass
 class FailoverPair:
     """A primary, its standbys and the :class:`FrontDoor` clients connect through."""
 
     version: str
-    primary: str  # the current primary's cluster name
-    ports: dict[str, int]  # cluster name -> port
+    primary: Cluster  # the current primary
     door: FrontDoor
-    standbys: list[str] = field(default_factory=list)
-    clusters: list[str] = field(default_factory=list)  # every cluster made (to drop)
+    standbys: list[Cluster] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)  # every cluster made (to drop)
 
     def url(self, database: str = "postgres") -> str:
         """The front door's URL (always the current primary)."""
         return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.door.port}/{database}"
 
-    def direct_url(self, cluster: str, database: str = "postgres") -> str:
-        """A URL of one cluster, not through the front door."""
-        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{self.ports[cluster]}/{database}"
-
-    def add_standby(self) -> str:
-        """Make a new streaming standby of the current primary; return its cluster name."""
-        name = f"{self.primary.rsplit('_', 1)[0]}_{len(self.clusters)}"
-        port = _free_port()
-        _run("pg_createcluster", self.version, name, "-p", str(port), "--", "--no-sync")
-        self.clusters.append(name)
-        self.ports[name] = port
-        _configure(self.version, name)
+    def add_standby(self) -> Cluster:
+        """Make a new streaming standby of the current primary and return it."""
+        name = f"{self.primary.name.rsplit('_', 1)[0]}_{len(self.clusters)}"
+        standby = Cluster(self.version, name, _free_port())
+        self.clusters.append(standby)
+        _create(standby)
         data = Path("/var/lib/postgresql") / self.version / name
         shutil.rmtree(data)
         _as_postgres(
             "pg_basebackup", "-D", str(data), "-R", "-X", "stream", "-c", "fast", "--no-sync",
-            "-h", "127.0.0.1", "-p", str(self.ports[self.primary]), "-U", "postgres",
+            "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
+            password=PASSWORD,
         )  # fmt: skip
-        _pg_ctlcluster(self.version, name, "start")
-        self.standbys.append(name)
-        _wait_for(lambda: _in_recovery(port) is True, f"standby {name} streaming")
-        return name
+        standby.start()
+        self.standbys.append(standby)
+        _wait_for(lambda: standby.in_recovery() is True, f"standby {name} streaming")
+        return standby
 
-    def promote(self, *, open_door: bool = True) -> str:
+    def promote(self, *, open_door: bool = True) -> Cluster:
         """Crash the primary (immediate shutdown), promote the first standby and (unless
         ``open_door`` is false: then clients reach nothing until :meth:`open_door`) point the
-        front door at it; return its cluster name. The old primary stays down."""
+        front door at it; return it. The old primary stays down."""
         new = self.standbys.pop(0)
-        _pg_ctlcluster(self.version, self.primary, "stop", "-m", "immediate")
-        _pg_ctlcluster(self.version, new, "promote")
-        _wait_for(lambda: _in_recovery(self.ports[new]) is False, f"{new} promoted")
+        self.primary.stop(crash=True)
+        new.promote()
+        _wait_for(lambda: new.in_recovery() is False, f"{new.name} promoted")
         self.primary = new
         if open_door:
             self.open_door()
@@ -148,26 +189,32 @@ class FailoverPair:
 
     def open_door(self) -> None:
         """Point the front door at the current primary."""
-        self.door.switch(self.ports[self.primary])
+        self.door.switch(self.primary.port)
+
+    def create_database(self, name: str) -> None:
+        """Create ``name`` on the primary and wait until every standby has replayed it."""
+        self.primary.psql(f'CREATE DATABASE "{name}"')
+        self.wait_replayed()
 
     def wait_replayed(self) -> None:
         """Wait until every standby replayed the primary's WAL as of now."""
-        target = _query(self.ports[self.primary], "SELECT pg_current_wal_insert_lsn()")
-        for name in self.standbys:
-            port = self.ports[name]
+        target = self.primary.psql("SELECT pg_current_wal_insert_lsn()")
+        sql = f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
+        for standby in self.standbys:
 
-            def replayed(port: int = port) -> bool:
-                sql = f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
-                return _query(port, sql) == "t"
+            def replayed(standby: Cluster = standby) -> bool:
+                return standby.psql(sql) == "t"
 
-            _wait_for(replayed, f"{name} replayed {target}")
+            _wait_for(replayed, f"{standby.name} replayed {target}")
 
     def drop(self) -> None:
         """Close the front door and drop every cluster."""
         self.door.close()
-        for name in self.clusters:
+        for cluster in self.clusters:
             subprocess.run(
-                ["pg_dropcluster", "--stop", self.version, name], capture_output=True, check=False
+                ["pg_dropcluster", "--stop", self.version, cluster.name],
+                capture_output=True,
+                check=False,
             )
 
 
@@ -177,24 +224,31 @@ def failover_pair() -> Iterator[FailoverPair]:
     if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
         raise RuntimeError("failover_pair needs root and pg_createcluster (postgresql-common)")
     version = _newest_postgres_version()
-    primary = f"fo{uuid.uuid4().hex[:8]}_0"
-    port = _free_port()
-    pair = FailoverPair(version, primary, {primary: port}, FrontDoor(port), clusters=[primary])
+    primary = Cluster(version, f"fo{uuid.uuid4().hex[:8]}_0", _free_port())
+    pair = FailoverPair(version, primary, FrontDoor(primary.port))
     try:
-        _run("pg_createcluster", version, primary, "-p", str(port), "--", "--no-sync")
-        _configure(version, primary)
-        _pg_ctlcluster(version, primary, "start")
-        _as_postgres(
-            "psql", "-q", "-p", str(port), "-c", f"ALTER USER postgres PASSWORD '{PASSWORD}'"
-        )
+        pair.clusters.append(primary)
+        _create(primary)
+        primary.start()
+        primary.psql(f"ALTER USER postgres PASSWORD '{PASSWORD}'")
         pair.add_standby()
         yield pair
     finally:
         pair.drop()
 
 
-def _configure(version: str, name: str) -> None:
-    config = Path("/etc/postgresql") / version / name
+def _create(cluster: Cluster) -> None:
+    """``pg_createcluster`` with the pair's settings; not started."""
+    _run(
+        "pg_createcluster",
+        cluster.version,
+        cluster.name,
+        "-p",
+        str(cluster.port),
+        "--",
+        "--no-sync",
+    )
+    config = Path("/etc/postgresql") / cluster.version / cluster.name
     (config / "conf.d" / "failover.conf").write_text(
         "listen_addresses = '127.0.0.1'\n"
         "wal_level = logical\n"
@@ -213,34 +267,6 @@ def _configure(version: str, name: str) -> None:
         "host all all 127.0.0.1/32 scram-sha-256\n"
         "host replication all 127.0.0.1/32 scram-sha-256\n"
     )
-
-
-def _as_postgres(*command: str) -> None:
-    env = {**os.environ, "PGPASSWORD": PASSWORD}
-    done = subprocess.run(
-        ["runuser", "-u", "postgres", "--", *command],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()}")
-
-
-def _query(port: int, sql: str) -> str | None:
-    done = subprocess.run(
-        ["runuser", "-u", "postgres", "--", "psql", "-XAtq", "-p", str(port), "-c", sql],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _in_recovery(port: int) -> bool | None:
-    answer = _query(port, "SELECT pg_is_in_recovery()")
-    return None if answer is None else answer == "t"
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:

@@ -26,7 +26,7 @@ from outboxkit.outbox.notify import LISTEN_ERRORS, listening
 from outboxkit.relay import Relay, RelayOptions
 from outboxkit.relay.replication import SlotStream, StreamLost
 from outboxkit.testing.postgres import _free_port
-from outboxkit.testing.postgres_standby import PrimaryAndStandby, primary_and_standby
+from outboxkit.testing.postgres_pair import FailoverPair, failover_pair
 from sqlalchemy import text
 
 from tests.relay.test_processes import check_order, published_count, write_sequence
@@ -51,19 +51,19 @@ def url_of(form: str, database: str, first: int, second: int, extra: str = "") -
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[PrimaryAndStandby]:
+def pair() -> Iterator[FailoverPair]:
     if os.geteuid() != 0 or shutil.which("pg_createcluster") is None:
         pytest.skip("the primary and standby need root and pg_createcluster")
-    with primary_and_standby() as made:
+    with failover_pair() as made:
         yield made
 
 
 @pytest.fixture
-def database(pair: PrimaryAndStandby) -> str:
+def database(pair: FailoverPair) -> str:
     """A migrated database of the test's own on the primary, replayed on the standby."""
     name = f"mh_{uuid.uuid4().hex[:10]}"
     pair.create_database(name)
-    upgrade(f"postgresql://postgres:postgres@127.0.0.1:{pair.primary.port}/{name}")
+    upgrade(pair.primary.url(name))
     pair.wait_replayed()
     return name
 
@@ -83,9 +83,9 @@ def stream_lost(stream: SlotStream) -> bool:
 
 @pytest.mark.parametrize("form", FORMS)
 async def test_every_form_reaches_the_primary_past_the_standby(
-    form: str, pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
+    form: str, pair: FailoverPair, database: str, kafka_bootstrap: str, topic: str
 ) -> None:
-    url = url_of(form, database, pair.standby.port, pair.primary.port)
+    url = url_of(form, database, pair.standbys[0].port, pair.primary.port)
     # A sync engine (psycopg) writes: the standby would refuse the writes.
     write_sequence(url, topic, 0, 30, per_tx=10)
     assert await relay(url, kafka_bootstrap).drain(timeout_s=scaled(60)) == 30
@@ -111,7 +111,7 @@ async def test_every_form_reaches_the_primary_past_the_standby(
 
 @pytest.mark.parametrize("form", FORMS)
 async def test_a_first_host_that_is_down_is_passed_over(
-    form: str, pair: PrimaryAndStandby, database: str, kafka_bootstrap: str, topic: str
+    form: str, pair: FailoverPair, database: str, kafka_bootstrap: str, topic: str
 ) -> None:
     url = url_of(form, database, _free_port(), pair.primary.port)
     write_sequence(url, topic, 0, 10)
@@ -159,7 +159,7 @@ async def seconds_to_fail(
 
 
 async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
-    pair: PrimaryAndStandby, database: str, mute_server: str
+    pair: FailoverPair, database: str, mute_server: str
 ) -> None:
     hung = f"postgresql://postgres:postgres@{mute_server}/{database}"
     # The default bound: 10 s, where asyncpg alone waits 60 s.
@@ -181,7 +181,7 @@ async def test_a_host_that_never_answers_costs_the_connect_timeout_per_host(
 
 
 async def test_after_a_failover_the_relay_and_its_listen_follow_to_the_new_primary(
-    pair: PrimaryAndStandby,
+    pair: FailoverPair,
     database: str,
     kafka_bootstrap: str,
     topic: str,
@@ -189,14 +189,15 @@ async def test_after_a_failover_the_relay_and_its_listen_follow_to_the_new_prima
 ) -> None:
     """The module's last test: it stops the primary and promotes the standby."""
     caplog.set_level(logging.INFO)
-    url = url_of("repeated", database, pair.primary.port, pair.standby.port)
+    url = url_of("repeated", database, pair.primary.port, pair.standbys[0].port)
     async with relay(url, kafka_bootstrap):
         write_sequence(url, topic, 0, 10)
         await wait_for(lambda: published_count(url), lambda n: n == 10, 60, "published")
+        standby = pair.standbys[0]
         pair.primary.stop()
-        pair.standby.promote()
+        standby.promote()  # the URL lists both hosts: no front door to point
         await wait_for(
-            lambda: pair.standby.psql("SELECT pg_is_in_recovery()"), "f".__eq__, 60, "promoted"
+            lambda: standby.psql("SELECT pg_is_in_recovery()"), "f".__eq__, 60, "promoted"
         )
         write_sequence(url, topic, 10, 10)  # to the new primary, through the same URL
         await wait_for(lambda: published_count(url), lambda n: n == 20, 60, "published there")

@@ -26,6 +26,18 @@ def test_the_setting_is_read_and_a_listen_host_is_where_listen_goes() -> None:
     assert dict(direct.query) == {"sslmode": "require"}
 
 
+def test_a_libpq_multi_host_url_is_read_with_its_hosts() -> None:
+    many = "postgresql://u:p@db1:5433,db2:5434/app?target_session_attrs=read-write"
+    assert not pooler_setting(many).transaction
+    direct = listen_url(many)
+    assert direct is not None
+    assert dict(direct.query) == {
+        "target_session_attrs": "read-write",
+        "host": "db1,db2",
+        "port": "5433,5434",
+    }
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [

@@ -203,7 +203,7 @@ async def test_wal_messages_lost_in_a_promotion_are_reported_relay_running(
         assert await on_kafka(kafka_bootstrap, topic, 100) == set(range(100))
         pair.wait_replayed()
         pair.promote(open_door=False)  # the relay reaches no server meanwhile
-        write_messages(pair.direct_url(pair.primary, db_url.rsplit("/", 1)[1]), topic, 100, 60)
+        write_messages(pair.primary.url(db_url.rsplit("/", 1)[1]), topic, 100, 60)
         pair.open_door()
         gap = await assert_gap_reported(relay, db_url, kafka_bootstrap, caplog, lost=60)
         write_messages(db_url, topic, 160, 40)  # after the new slot: published
