@@ -90,7 +90,7 @@ outbox_relays = Table(
     Column("started_ms", BigInteger, nullable=False),
     Column("heartbeat_ms", BigInteger, nullable=False),
     # When the relay last had a row acknowledged (database clock, written with each
-    # heartbeat; NULL until then): the stall check of ``status`` (migration 0018).
+    # heartbeat; NULL until then): the stall check of ``status`` (migration 0019_relay_published).
     Column("published_ms", BigInteger, nullable=True),
 )
 
@@ -116,7 +116,7 @@ outbox_slot_catch_ups = Table(
     Column("started_ms", BigInteger, nullable=False),
 )
 
-# What the logical relay last saw of its slot's server (relay/slot_history.py): the server's
+# What the logical relay last saw of its slot's server (relay/failover.py): the server's
 # system identifier, its timeline and the slot's confirmed position, so that a relay started
 # after a failover (the row came with the replicated database) notices the new server.
 outbox_slot_positions = Table(
